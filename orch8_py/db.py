@@ -18,17 +18,22 @@ def validate_url(url: str, source: str = "ORCH8_DATABASE_URL") -> dict:
     """Parse a libpq URL or key=value string; raise ConfigError in one line if malformed."""
     if "://" in url and not url.startswith(("postgresql://", "postgres://")):
         scheme = url.split("://", 1)[0]
-        raise ConfigError(
-            f"{source} has scheme {scheme!r}; use postgresql://user@host:port/dbname"
-        )
+        raise ConfigError(f"{source} has scheme {scheme!r}; use postgresql://user@host:port/dbname")
     try:
-        return conninfo.conninfo_to_dict(url)
+        params = conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
         reason = str(exc).strip().splitlines()[0]
         raise ConfigError(
             f"{source} is not a valid PostgreSQL URL ({reason}); "
             "use postgresql://user@host:port/dbname"
         ) from None
+    port = str(params.get("port") or "")
+    if port and not all(p.isdigit() for p in port.split(",")):
+        raise ConfigError(
+            f"{source} is not a valid PostgreSQL URL (port {port!r} is not a number); "
+            "use postgresql://user@host:port/dbname"
+        )
+    return params
 
 
 def describe(url: str) -> str:

@@ -7,6 +7,7 @@ this process started is stopped by ``stop()``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from urllib.parse import quote
@@ -74,10 +75,9 @@ class EmbeddedPostgres:
         with psycopg.connect(admin_url, autocommit=True) as conn:
             found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,))
             if found.fetchone() is None:
-                try:
+                # Another process may create it first; either way it exists afterwards.
+                with contextlib.suppress(psycopg.errors.DuplicateDatabase):
                     conn.execute(f'CREATE DATABASE "{DATABASE}"')
-                except psycopg.errors.DuplicateDatabase:
-                    pass  # another process created it first
 
     def stop(self) -> None:
         """Stop the server if this process started it; leave a reused one running."""

@@ -36,7 +36,8 @@ CREATE TABLE IF NOT EXISTS orch8.schema_migrations (
     PRIMARY KEY (kind, name)
 );
 COMMENT ON TABLE orch8.schema_migrations IS
-'Migrations applied by orch8 db migrate: versioned files once, repeatable files at their latest checksum.';
+'Migrations applied by orch8 db migrate: versioned files once, '
+'repeatable files at their latest checksum.';
 """
 
 
@@ -204,4 +205,6 @@ def _apply(conn: psycopg.Connection, m: Migration) -> None:
     except psycopg.Error as exc:
         diag = exc.diag
         where = f" ({diag.context.splitlines()[0]})" if diag and diag.context else ""
-        raise MigrationError(f"{m.name} failed: {str(exc).strip().splitlines()[0]}{where}") from None
+        raise MigrationError(
+            f"{m.name} failed: {str(exc).strip().splitlines()[0]}{where}"
+        ) from None

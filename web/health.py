@@ -25,7 +25,9 @@ def ready():
         with pool.connection(timeout=2) as conn:
             st = migrate.status(conn)
     except (PoolTimeout, psycopg.OperationalError) as exc:
-        return jsonify(status="unavailable", error="database unreachable", detail=str(exc)[:300]), 503
+        return jsonify(
+            status="unavailable", error="database unreachable", detail=str(exc)[:300]
+        ), 503
     if not st.current:
         return (
             jsonify(

@@ -1,0 +1,38 @@
+# The two commands of the README: `make run` and `make test`. Each sets itself up.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-dev
+
+.PHONY: run test lint pgtap pytest bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+## run: the engine and the operator service on the embedded PostgreSQL (or ORCH8_DATABASE_URL)
+run: $(STAMP)
+	$(BIN)/orch8 up
+
+## test: lint, the pgTAP suite, pytest
+test: lint pgtap pytest
+
+lint: $(STAMP)
+	@echo "== sqlfluff"
+	$(BIN)/sqlfluff lint --disable-progress-bar sql sql_tests
+	@echo "== ruff"
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+pgtap: $(STAMP)
+	@echo "== pgTAP (pg_prove)"
+	$(BIN)/python -m tests.run_pgtap
+
+pytest: $(STAMP)
+	@echo "== pytest"
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

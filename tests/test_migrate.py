@@ -1,0 +1,126 @@
+"""Migrations: idempotent, concurrent-safe, immutable once applied, version-checked."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import psycopg
+import pytest
+
+from orch8_py import migrate
+from orch8_py.errors import MigrationError, SchemaMismatch
+from tests.cli_helpers import assert_one_line_error, orch8_env, run_orch8
+
+
+def rows(url: str) -> list[tuple]:
+    with psycopg.connect(url) as c:
+        return c.execute(
+            "SELECT kind, name, checksum, applied_at FROM orch8.schema_migrations ORDER BY 1, 2"
+        ).fetchall()
+
+
+def test_migrate_twice_is_a_noop(empty_db_url):
+    with psycopg.connect(empty_db_url, autocommit=True) as c:
+        first = migrate.migrate(c)
+        assert [m.name for m in first] == [m.name for m in migrate.discover()]
+        before = rows(empty_db_url)
+        assert migrate.migrate(c) == []
+    assert rows(empty_db_url) == before
+    with psycopg.connect(empty_db_url) as c:
+        assert migrate.check_schema(c).current
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_concurrent_migrators_apply_once(empty_db_url, round_):
+    env = orch8_env(ORCH8_DATABASE_URL=empty_db_url)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "orch8_py", "db", "migrate"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    applied = [out for out, _err in outs if "applying" in out]
+    assert len(applied) == 1, outs  # exactly one process did the work
+    names = [name for _k, name, _c, _a in rows(empty_db_url)]
+    assert len(names) == len(set(names)) == len(migrate.discover())
+
+
+def test_edited_applied_migration_is_refused(empty_db_url, tmp_path):
+    shutil.copytree(migrate.sql_dir(), tmp_path / "sql")
+    with psycopg.connect(empty_db_url, autocommit=True) as c:
+        migrate.migrate(c, migrations=migrate.discover(tmp_path / "sql"))
+        first = sorted((tmp_path / "sql" / "migrations").glob("*.sql"))[0]
+        first.write_text(first.read_text() + "\n-- edited\n")
+        edited = migrate.discover(tmp_path / "sql")
+        with pytest.raises(MigrationError, match=f"{first.name} was edited after it was applied"):
+            migrate.migrate(c, migrations=edited)
+        assert migrate.status(c, edited).edited == [first.name]
+
+
+def test_changed_repeatable_file_is_reapplied(empty_db_url, tmp_path):
+    shutil.copytree(migrate.sql_dir(), tmp_path / "sql")
+    with psycopg.connect(empty_db_url, autocommit=True) as c:
+        migrate.migrate(c, migrations=migrate.discover(tmp_path / "sql"))
+        f = tmp_path / "sql" / "functions" / "schema_info.sql"
+        f.write_text(f.read_text().replace("The highest versioned", "The latest versioned"))
+        applied = migrate.migrate(c, migrations=migrate.discover(tmp_path / "sql"))
+        assert [m.name for m in applied] == ["schema_info.sql"]
+        comment = c.execute(
+            "SELECT obj_description('orch8.schema_version()'::regprocedure)"
+        ).fetchone()[0]
+        assert comment.startswith("The latest versioned")
+
+
+def test_failed_migration_leaves_nothing_half_written(empty_db_url, tmp_path):
+    shutil.copytree(migrate.sql_dir(), tmp_path / "sql")
+    bad = tmp_path / "sql" / "migrations" / "9000_broken.sql"
+    bad.write_text("CREATE TABLE orch8.half_written (id int);\nSELECT no_such_function();\n")
+    with psycopg.connect(empty_db_url, autocommit=True) as c:
+        with pytest.raises(MigrationError, match=r"9000_broken\.sql failed"):
+            migrate.migrate(c, migrations=migrate.discover(tmp_path / "sql"))
+        assert c.execute("SELECT to_regclass('orch8.half_written')").fetchone()[0] is None
+        names = {r[1] for r in rows(empty_db_url)}
+        assert "9000_broken.sql" not in names
+
+
+def test_newer_schema_is_refused(db_url):
+    with psycopg.connect(db_url, autocommit=True) as c:
+        c.execute(
+            "INSERT INTO orch8.schema_migrations (kind, name, version, checksum) "
+            "VALUES ('versioned', '9999_from_the_future.sql', 9999, 'x')"
+        )
+        with pytest.raises(SchemaMismatch, match="upgrade orch8-py"):
+            migrate.check_schema(c)
+        with pytest.raises(MigrationError, match="newer than this orch8"):
+            migrate.migrate(c)
+    for command in (["run"], ["serve", "--port", "18093"], ["db", "migrate"]):
+        proc = run_orch8(*command, env=orch8_env(ORCH8_DATABASE_URL=db_url))
+        assert_one_line_error(proc, "9999")
+
+
+def test_older_schema_asks_for_migrate(empty_db_url):
+    with (
+        psycopg.connect(empty_db_url) as c,
+        pytest.raises(SchemaMismatch, match="orch8 db migrate"),
+    ):
+        migrate.check_schema(c)
+    for command in (["run"], ["serve", "--port", "18093"]):
+        proc = run_orch8(*command, env=orch8_env(ORCH8_DATABASE_URL=empty_db_url))
+        assert_one_line_error(proc, "run `orch8 db migrate`")
+
+
+def test_status_command(empty_db_url):
+    env = orch8_env(ORCH8_DATABASE_URL=empty_db_url)
+    proc = run_orch8("db", "status", env=env)
+    assert proc.returncode == 3 and "pending" in proc.stdout
+    assert run_orch8("db", "migrate", env=env).returncode == 0
+    proc = run_orch8("db", "status", env=env)
+    assert proc.returncode == 0, proc.stdout
