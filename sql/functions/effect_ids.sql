@@ -1,0 +1,183 @@
+-- Repeatable: canonical JSON, hashes and deterministic ids used by the effect ledger.
+
+CREATE OR REPLACE FUNCTION orch8.canonical_json(p_value jsonb)
+RETURNS text
+LANGUAGE plpgsql
+IMMUTABLE
+STRICT
+PARALLEL SAFE
+AS $$
+DECLARE
+    v_out text;
+BEGIN
+    CASE jsonb_typeof(p_value)
+        WHEN 'object' THEN
+            SELECT '{' || coalesce(
+                string_agg(to_json(e.key)::text || ':' || orch8.canonical_json(e.value),
+                           ',' ORDER BY e.key COLLATE "C"),
+                '') || '}'
+              INTO v_out
+              FROM jsonb_each(p_value) AS e;
+        WHEN 'array' THEN
+            SELECT '[' || coalesce(
+                string_agg(orch8.canonical_json(a.value), ',' ORDER BY a.ordinality),
+                '') || ']'
+              INTO v_out
+              FROM jsonb_array_elements(p_value) WITH ORDINALITY AS a;
+        ELSE
+            -- strings come out JSON-escaped, numbers as numeric_out prints them
+            v_out := p_value::text;
+    END CASE;
+    RETURN v_out;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.canonical_json(jsonb) IS
+'The one canonical JSON form hashed by the ledger: object keys sorted by Unicode code '
+'point (byte order of their UTF-8), no whitespace, arrays in order, strings JSON-escaped '
+'(", \\, \\b \\f \\n \\r \\t, other control characters as \\u00XX, non-ASCII as is), '
+'numbers as PostgreSQL prints a jsonb number (1.50 stays 1.50, 1e2 is 100, -0 is 0).';
+
+CREATE OR REPLACE FUNCTION orch8.sha256_hex(p_text text)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+STRICT
+PARALLEL SAFE
+AS $$
+    SELECT encode(sha256(convert_to(p_text, 'UTF8')), 'hex')
+$$;
+
+COMMENT ON FUNCTION orch8.sha256_hex(text) IS
+'Lowercase hex SHA-256 of the UTF-8 bytes of a text.';
+
+CREATE OR REPLACE FUNCTION orch8.uuid_from_digest(p_digest bytea)
+RETURNS uuid
+LANGUAGE sql
+IMMUTABLE
+STRICT
+PARALLEL SAFE
+AS $$
+    SELECT encode(
+        set_byte(
+            set_byte(substring(p_digest FROM 1 FOR 16), 6,
+                     (get_byte(p_digest, 6) & 15) | 128),
+            8, (get_byte(p_digest, 8) & 63) | 128),
+        'hex')::uuid
+$$;
+
+COMMENT ON FUNCTION orch8.uuid_from_digest(bytea) IS
+'A UUID from the first 16 bytes of a digest, with byte 6 = (b & 0x0f) | 0x80 (version 8) '
+'and byte 8 = (b & 0x3f) | 0x80 (RFC 4122 variant).';
+
+CREATE OR REPLACE FUNCTION orch8.deterministic_effect_id(
+    p_continuity_id uuid,
+    p_epoch bigint,
+    p_instance_id uuid,
+    p_block_id text,
+    p_attempt integer
+)
+RETURNS uuid
+LANGUAGE plpgsql
+IMMUTABLE
+STRICT
+PARALLEL SAFE
+AS $$
+BEGIN
+    IF p_epoch < 0 OR p_attempt < 0 THEN
+        RAISE EXCEPTION 'epoch and attempt must be >= 0 (got epoch %, attempt %)',
+            p_epoch, p_attempt USING ERRCODE = 'O8008';
+    END IF;
+    RETURN orch8.uuid_from_digest(sha256(
+        convert_to('orch8-effect-v1', 'UTF8') || '\x00'::bytea
+        || uuid_send(p_continuity_id)
+        || int8send(p_epoch)
+        || uuid_send(p_instance_id)
+        || convert_to(p_block_id, 'UTF8')
+        || int4send(p_attempt)
+    ));
+END
+$$;
+
+COMMENT ON FUNCTION orch8.deterministic_effect_id(uuid, bigint, uuid, text, integer) IS
+'The receipt id of an effect from its position: first 16 bytes of SHA-256 over '
+'''orch8-effect-v1''||0x00||continuity_id(16)||epoch(8, big-endian)||instance_id(16)'
+'||block_id(UTF-8)||attempt(4, big-endian), as a version-8 UUID. A retry of the same '
+'attempt lands on the same receipt; a new attempt gets a new one.';
+
+CREATE OR REPLACE FUNCTION orch8.effect_scope_id(p_prefix text, p_instance_id uuid)
+RETURNS uuid
+LANGUAGE sql
+IMMUTABLE
+STRICT
+PARALLEL SAFE
+AS $$
+    SELECT orch8.uuid_from_digest(sha256(
+        convert_to(p_prefix, 'UTF8') || '\x00'::bytea || uuid_send(p_instance_id)
+    ))
+$$;
+
+COMMENT ON FUNCTION orch8.effect_scope_id(text, uuid) IS
+'Scope ids derived from an instance id: SHA-256 over prefix||0x00||instance_id(16) as a '
+'version-8 UUID. Prefix orch8-effect-scope-v1 gives the continuity id, '
+'orch8-effect-runtime-v1 the owner runtime id.';
+
+CREATE OR REPLACE FUNCTION orch8.destination_fingerprint(p_handler text, p_params jsonb)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+    SELECT orch8.sha256_hex(orch8.canonical_json(jsonb_build_object(
+        'handler', p_handler,
+        'destination', CASE WHEN jsonb_typeof(p_params) = 'object' THEN (
+            SELECT coalesce(jsonb_object_agg(e.key, e.value), '{}'::jsonb)
+            FROM jsonb_each(p_params) AS e
+            WHERE e.key IN ('url', 'provider', 'model', 'topic', 'queue', 'resource', 'endpoint')
+        ) ELSE '{}'::jsonb END
+    )))
+$$;
+
+COMMENT ON FUNCTION orch8.destination_fingerprint(text, jsonb) IS
+'Hex SHA-256 of canonical_json({handler, destination}) where destination holds the '
+'top-level params url, provider, model, topic, queue, resource and endpoint that are present.';
+
+CREATE OR REPLACE FUNCTION orch8.request_sha256(p_handler text, p_params jsonb)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+    SELECT orch8.sha256_hex(orch8.canonical_json(jsonb_build_object(
+        'handler', p_handler, 'params', coalesce(p_params, 'null'::jsonb)
+    )))
+$$;
+
+COMMENT ON FUNCTION orch8.request_sha256(text, jsonb) IS
+'Hex SHA-256 of canonical_json({handler, params}): the content of a request, compared by '
+'the commit guard and shown to operators.';
+
+CREATE OR REPLACE FUNCTION orch8.provider_receipt_id(p_output jsonb)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN octet_length(v.found) <= 256 THEN v.found END
+    FROM (
+        SELECT (
+            SELECT p_output ->> k.key
+            FROM unnest(ARRAY['provider_receipt_id', 'receipt_id', 'request_id'])
+                WITH ORDINALITY AS k (key, pos)
+            WHERE jsonb_typeof(p_output) = 'object'
+              AND jsonb_typeof(p_output -> k.key) = 'string'
+            ORDER BY k.pos
+            LIMIT 1
+        ) AS found
+    ) AS v
+$$;
+
+COMMENT ON FUNCTION orch8.provider_receipt_id(jsonb) IS
+'The provider''s receipt id in a handler output: the first present string among '
+'provider_receipt_id, receipt_id, request_id; NULL when that string is over 256 bytes '
+'(it does not fall through to the next key).';

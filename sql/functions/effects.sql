@@ -1,0 +1,753 @@
+-- Repeatable: the effect ledger's functions. Every receipt write goes through
+-- cas_effect_receipt (one conditional UPDATE); a lost CAS is reported, never retried.
+
+CREATE OR REPLACE FUNCTION orch8.handler_has_side_effects(p_handler text)
+RETURNS boolean
+LANGUAGE sql
+STABLE
+STRICT
+PARALLEL SAFE
+AS $$
+    SELECT coalesce(
+        (SELECT h.has_side_effects FROM orch8.builtin_handlers AS h WHERE h.name = p_handler),
+        true
+    )
+$$;
+
+COMMENT ON FUNCTION orch8.handler_has_side_effects(text) IS
+'True for side-effecting builtins and for every name that is not a builtin (somebody''s '
+'own code cannot be proven harmless); false for pure builtins such as transform and log.';
+
+CREATE OR REPLACE FUNCTION orch8.effect_kind(p_handler text)
+RETURNS text
+LANGUAGE sql
+STABLE
+STRICT
+PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN h.name IS NULL THEN 'worker'
+        ELSE h.kind
+    END
+    FROM (SELECT 1) AS one
+    LEFT JOIN orch8.builtin_handlers AS h ON h.name = p_handler
+$$;
+
+COMMENT ON FUNCTION orch8.effect_kind(text) IS
+'The effect kind of a handler: http_request http; llm_call, agent, embed model; '
+'emit_event, send_signal message; memory_store, memory_delete, blob_put storage; '
+'tool_call, mcp_call, self_modify custom; any non-builtin worker; NULL for pure builtins.';
+
+CREATE OR REPLACE FUNCTION orch8.ensure_effect_scope(p_tenant_id text, p_instance_id uuid)
+RETURNS orch8.continuity_executions
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_scope orch8.continuity_executions;
+BEGIN
+    IF p_tenant_id IS NULL OR p_tenant_id = '' OR p_instance_id IS NULL THEN
+        RAISE EXCEPTION 'ensure_effect_scope needs a tenant and an instance id'
+            USING ERRCODE = 'O8008';
+    END IF;
+    SELECT * INTO v_scope FROM orch8.continuity_executions AS c
+     WHERE c.tenant_id = p_tenant_id AND c.current_instance_id = p_instance_id;
+    IF found THEN
+        RETURN v_scope;
+    END IF;
+    -- Both ids derive from the instance id, so concurrent callers insert the same row;
+    -- the loser's insert waits for the winner and then does nothing.
+    INSERT INTO orch8.continuity_executions AS c (
+        tenant_id, continuity_id, epoch, owner_runtime_id, current_instance_id
+    ) VALUES (
+        p_tenant_id,
+        orch8.effect_scope_id('orch8-effect-scope-v1', p_instance_id),
+        0,
+        orch8.effect_scope_id('orch8-effect-runtime-v1', p_instance_id),
+        p_instance_id
+    )
+    ON CONFLICT DO NOTHING
+    RETURNING * INTO v_scope;
+    IF found THEN
+        RETURN v_scope;
+    END IF;
+    SELECT * INTO STRICT v_scope FROM orch8.continuity_executions AS c
+     WHERE c.tenant_id = p_tenant_id AND c.current_instance_id = p_instance_id;
+    RETURN v_scope;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.ensure_effect_scope(text, uuid) IS
+'The ledger scope (continuity execution) of an instance, created on first use with ids '
+'derived from the instance id (epoch 0); concurrent callers converge on one row.';
+
+CREATE OR REPLACE FUNCTION orch8.find_unresolved_effect_receipt(
+    p_tenant_id text,
+    p_continuity_id uuid,
+    p_instance_id uuid,
+    p_block_id text,
+    p_attempt integer
+)
+RETURNS orch8.effect_receipts
+LANGUAGE sql
+STABLE
+AS $$
+    SELECT r.*
+    FROM orch8.effect_receipts AS r
+    WHERE r.tenant_id = p_tenant_id
+      AND r.continuity_id = p_continuity_id
+      AND r.instance_id = p_instance_id
+      AND r.block_id = p_block_id
+      AND r.attempt = p_attempt
+      AND r.state IN ('dispatched', 'unknown')
+    ORDER BY r.created_at DESC, r.id DESC
+    LIMIT 1
+$$;
+
+COMMENT ON FUNCTION orch8.find_unresolved_effect_receipt(text, uuid, uuid, text, integer) IS
+'The latest receipt of (continuity, instance, block, attempt) in dispatched or unknown, '
+'or NULL: the trace of a run that may have sent and never settled.';
+
+CREATE OR REPLACE FUNCTION orch8.ensure_effect_receipt(
+    p_tenant_id text,
+    p_id uuid,
+    p_continuity_id uuid,
+    p_epoch bigint,
+    p_instance_id uuid,
+    p_block_id text,
+    p_attempt integer,
+    p_kind text,
+    p_handler text,
+    p_destination_fingerprint text,
+    p_request_sha256 text,
+    p_idempotency_key text DEFAULT NULL,
+    p_evidence jsonb DEFAULT '{}'
+)
+RETURNS orch8.effect_receipts
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_row orch8.effect_receipts;
+BEGIN
+    PERFORM set_config('orch8.event_actor', 'engine', true),
+            set_config('orch8.event_note', 'receipt planned', true),
+            set_config('orch8.event_evidence', '', true);
+    -- The no-op DO UPDATE makes RETURNING yield the stored row, ours or a concurrent one.
+    INSERT INTO orch8.effect_receipts AS r (
+        tenant_id, id, continuity_id, epoch, instance_id, block_id, attempt, kind, state,
+        handler, destination_fingerprint, request_sha256, idempotency_key, evidence
+    ) VALUES (
+        p_tenant_id, p_id, p_continuity_id, p_epoch, p_instance_id, p_block_id, p_attempt,
+        p_kind, 'planned', p_handler, p_destination_fingerprint, p_request_sha256,
+        p_idempotency_key, coalesce(p_evidence, '{}')
+    )
+    ON CONFLICT (tenant_id, id) DO UPDATE SET id = excluded.id
+    RETURNING r.* INTO v_row;
+
+    IF (v_row.tenant_id, v_row.id, v_row.continuity_id, v_row.epoch, v_row.instance_id,
+        v_row.block_id, v_row.attempt, v_row.request_sha256)
+       IS DISTINCT FROM
+       (p_tenant_id, p_id, p_continuity_id, p_epoch, p_instance_id,
+        p_block_id, p_attempt, p_request_sha256) THEN
+        RAISE EXCEPTION 'deterministic effect id % collided with different effect evidence', p_id
+            USING ERRCODE = 'O8005',
+                  DETAIL = format(
+                      'stored: block %s attempt %s request %s; candidate: block %s attempt %s request %s',
+                      v_row.block_id, v_row.attempt, v_row.request_sha256,
+                      p_block_id, p_attempt, p_request_sha256),
+                  HINT = 'the resolved params of one attempt changed between runs '
+                         '(a template using the time or a random value?)';
+    END IF;
+    RETURN v_row;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.ensure_effect_receipt(
+    text, uuid, uuid, bigint, uuid, text, integer, text, text, text, text, text, jsonb
+) IS
+'Upsert a planned receipt and return the stored row (ours or the one that won). If the '
+'stored identity (id, tenant, continuity, epoch, instance, block, attempt, request hash) '
+'differs from the candidate, raise O8005 invalid_config and never reuse the row.';
+
+CREATE OR REPLACE FUNCTION orch8.cas_effect_receipt(
+    p_tenant_id text,
+    p_id uuid,
+    p_expected orch8.effect_state,
+    p_next orch8.effect_state,
+    p_patch jsonb DEFAULT '{}'
+)
+RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_patch jsonb := coalesce(p_patch, '{}');
+    v_unknown_keys text[];
+BEGIN
+    IF NOT orch8.can_transition_to(p_expected, p_next) THEN
+        RAISE EXCEPTION 'receipt % cannot move from % to %', p_id, p_expected, p_next
+            USING ERRCODE = 'O8004';
+    END IF;
+    IF jsonb_typeof(v_patch) <> 'object' THEN
+        RAISE EXCEPTION 'patch must be a JSON object' USING ERRCODE = 'O8008';
+    END IF;
+    SELECT array_agg(k) INTO v_unknown_keys FROM jsonb_object_keys(v_patch) AS k
+     WHERE k NOT IN ('provider_receipt_id', 'error', 'evidence', 'actor', 'note');
+    IF v_unknown_keys IS NOT NULL THEN
+        RAISE EXCEPTION 'unknown patch field(s): %', array_to_string(v_unknown_keys, ', ')
+            USING ERRCODE = 'O8008',
+                  HINT = 'allowed: provider_receipt_id, error, evidence, actor, note';
+    END IF;
+    IF v_patch ? 'evidence' AND jsonb_typeof(v_patch -> 'evidence') <> 'object' THEN
+        RAISE EXCEPTION 'patch evidence must be a JSON object' USING ERRCODE = 'O8008';
+    END IF;
+
+    PERFORM set_config('orch8.event_actor', coalesce(v_patch ->> 'actor', 'engine'), true),
+            set_config('orch8.event_note', coalesce(v_patch ->> 'note', ''), true),
+            set_config('orch8.event_evidence', coalesce(v_patch ->> 'evidence', ''), true);
+
+    UPDATE orch8.effect_receipts AS r
+       SET state = p_next,
+           updated_at = orch8.now(),
+           provider_receipt_id = CASE WHEN v_patch ? 'provider_receipt_id'
+                                      THEN v_patch ->> 'provider_receipt_id'
+                                      ELSE r.provider_receipt_id END,
+           error = CASE WHEN v_patch ? 'error' THEN v_patch ->> 'error' ELSE r.error END,
+           evidence = r.evidence || coalesce(v_patch -> 'evidence', '{}')
+     WHERE r.tenant_id = p_tenant_id
+       AND r.id = p_id
+       AND r.state = p_expected;
+    RETURN found;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.cas_effect_receipt(text, uuid, orch8.effect_state, orch8.effect_state, jsonb) IS
+'Compare-and-swap a receipt: one UPDATE ... WHERE tenant_id, id AND state = expected. '
+'Returns whether it won; a lost CAS means someone else moved the receipt and is never '
+'retried. patch may set provider_receipt_id and error, merge evidence (an object), and '
+'name the actor and note recorded in effect_receipt_events.';
+
+CREATE OR REPLACE FUNCTION orch8.effect_outcome_of(
+    p_outcome text,
+    p_receipt orch8.effect_receipts,
+    p_detail text DEFAULT NULL,
+    p_invariant_id uuid DEFAULT NULL,
+    p_competing_effect_id uuid DEFAULT NULL
+)
+RETURNS orch8.effect_outcome
+LANGUAGE sql
+IMMUTABLE
+AS $$
+    SELECT ROW(
+        p_outcome, (p_receipt).id, (p_receipt).state, (p_receipt).kind, (p_receipt).block_id,
+        (p_receipt).attempt, p_invariant_id, p_competing_effect_id, p_detail
+    )::orch8.effect_outcome
+$$;
+
+COMMENT ON FUNCTION orch8.effect_outcome_of(
+    text, orch8.effect_receipts, text, uuid, uuid
+) IS 'Builds an effect_outcome from a receipt (internal helper).';
+
+CREATE OR REPLACE FUNCTION orch8.load_effect_receipt(p_tenant_id text, p_id uuid)
+RETURNS orch8.effect_receipts
+LANGUAGE sql
+STABLE
+AS $$
+    SELECT r.* FROM orch8.effect_receipts AS r WHERE r.tenant_id = p_tenant_id AND r.id = p_id
+$$;
+
+COMMENT ON FUNCTION orch8.load_effect_receipt(text, uuid) IS
+'One receipt by tenant and id, or NULL.';
+
+CREATE OR REPLACE FUNCTION orch8.effect_commit_guards(
+    p_tenant_id text, p_instance_id uuid, p_kind text
+)
+RETURNS SETOF orch8.workflow_invariants
+LANGUAGE sql
+STABLE
+AS $$
+    SELECT i.*
+    FROM orch8.workflow_invariants AS i
+    WHERE i.tenant_id = p_tenant_id
+      AND i.enabled
+      AND i.commit_guard
+      AND i.rule ->> 'type' = 'effect_at_most_once'
+      AND i.rule ->> 'kind' = p_kind
+      AND i.instance_id = p_instance_id
+    ORDER BY i.created_at, i.id
+$$;
+
+COMMENT ON FUNCTION orch8.effect_commit_guards(text, uuid, text) IS
+'The enabled effect_at_most_once invariants with commit_guard for this instance and effect '
+'kind. Sequence-scoped declarations are added to this lookup with sequences.';
+
+CREATE OR REPLACE FUNCTION orch8.declare_invariant(
+    p_tenant_id text,
+    p_name text,
+    p_rule jsonb,
+    p_commit_guard boolean DEFAULT false,
+    p_instance_id uuid DEFAULT NULL,
+    p_sequence_id uuid DEFAULT NULL,
+    p_sequence_version integer DEFAULT NULL
+)
+RETURNS orch8.workflow_invariants
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_row orch8.workflow_invariants;
+    v_type text := p_rule ->> 'type';
+BEGIN
+    IF p_rule IS NULL OR jsonb_typeof(p_rule) <> 'object' THEN
+        RAISE EXCEPTION 'invariant rule must be a JSON object with a "type"'
+            USING ERRCODE = 'O8005';
+    END IF;
+    IF v_type IS NULL OR v_type NOT IN (
+        'effect_at_most_once', 'no_unknown_effects', 'terminal_state_in',
+        'output_path_present'
+    ) THEN
+        RAISE EXCEPTION 'unknown invariant type %', coalesce(v_type, '(missing)')
+            USING ERRCODE = 'O8005',
+                  HINT = 'effect_at_most_once, no_unknown_effects, terminal_state_in, '
+                         'output_path_present';
+    END IF;
+    IF v_type = 'effect_at_most_once' AND coalesce(p_rule ->> 'kind', '') NOT IN (
+        'http', 'model', 'message', 'storage', 'custom', 'worker'
+    ) THEN
+        RAISE EXCEPTION 'effect_at_most_once needs a kind (http, model, message, storage, '
+                        'custom, worker), got %', coalesce(p_rule ->> 'kind', '(missing)')
+            USING ERRCODE = 'O8005';
+    END IF;
+    IF coalesce(p_commit_guard, false) AND v_type <> 'effect_at_most_once' THEN
+        RAISE EXCEPTION 'only effect_at_most_once may have commit_guard'
+            USING ERRCODE = 'O8005';
+    END IF;
+    IF (p_instance_id IS NULL) = (p_sequence_id IS NULL) THEN
+        RAISE EXCEPTION 'declare an invariant for exactly one of an instance or a sequence'
+            USING ERRCODE = 'O8005';
+    END IF;
+    INSERT INTO orch8.workflow_invariants AS w (
+        tenant_id, name, rule, commit_guard, instance_id, sequence_id, sequence_version
+    ) VALUES (
+        p_tenant_id, p_name, p_rule, coalesce(p_commit_guard, false), p_instance_id,
+        p_sequence_id, p_sequence_version
+    )
+    RETURNING w.* INTO v_row;
+    RETURN v_row;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.declare_invariant(text, text, jsonb, boolean, uuid, uuid, integer) IS
+'Declare an invariant for one instance or for a sequence (one version or all). Rules: '
+'{"type":"effect_at_most_once","kind":K} (the only one that may be a commit_guard), '
+'no_unknown_effects, terminal_state_in, output_path_present. Malformed: O8005.';
+
+CREATE OR REPLACE FUNCTION orch8.append_invariant_result(
+    p_invariant orch8.workflow_invariants,
+    p_receipt orch8.effect_receipts,
+    p_status text,
+    p_competing_effect_id uuid
+)
+RETURNS void
+LANGUAGE sql
+AS $$
+    INSERT INTO orch8.invariant_results (
+        tenant_id, invariant_id, continuity_id, epoch, instance_id, block_id, status,
+        effect_id, competing_effect_id, evidence, dedupe_key
+    )
+    SELECT
+        (p_receipt).tenant_id, (p_invariant).id, (p_receipt).continuity_id,
+        (p_receipt).epoch, (p_receipt).instance_id, (p_receipt).block_id, p_status,
+        (p_receipt).id, p_competing_effect_id, ev.evidence,
+        orch8.sha256_hex(concat_ws(':', (p_invariant).id, (p_receipt).continuity_id,
+                                   (p_receipt).epoch, orch8.canonical_json(ev.evidence)))
+    FROM (SELECT jsonb_build_object(
+        'status', p_status,
+        'kind', (p_receipt).kind,
+        'destination_fingerprint', (p_receipt).destination_fingerprint,
+        'request_sha256', (p_receipt).request_sha256
+    ) AS evidence) AS ev
+    ON CONFLICT (tenant_id, dedupe_key) DO NOTHING
+$$;
+
+COMMENT ON FUNCTION orch8.append_invariant_result(
+    orch8.workflow_invariants, orch8.effect_receipts, text, uuid
+) IS
+'Record a guard decision, deduplicated by SHA-256 of invariant:continuity:epoch:evidence '
+'where evidence is the canonical {status, kind, destination_fingerprint, request_sha256}.';
+
+CREATE OR REPLACE FUNCTION orch8.dispatch_effect_receipt_at_most_once(
+    p_tenant_id text, p_id uuid
+)
+RETURNS orch8.effect_outcome
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_self orch8.effect_receipts;
+    v_other orch8.effect_receipts;
+    v_competing orch8.effect_receipts;
+    v_guard orch8.workflow_invariants;
+    v_first_guard uuid;
+    v_continuity uuid;
+    v_kind text;
+    v_destination text;
+    v_request text;
+BEGIN
+    v_self := orch8.load_effect_receipt(p_tenant_id, p_id);
+    IF v_self.id IS NULL THEN
+        RETURN ROW('stale', p_id, NULL, NULL, NULL, NULL, NULL, NULL,
+                   'receipt not found')::orch8.effect_outcome;
+    END IF;
+    -- Identity columns never change (trigger), so they can be read before the lock.
+    v_continuity := v_self.continuity_id;
+    v_kind := v_self.kind;
+    v_destination := v_self.destination_fingerprint;
+    v_request := v_self.request_sha256;
+    -- Serialise every caller dispatching this content in this continuity.
+    PERFORM pg_advisory_xact_lock(hashtextextended(format('effect|%s|%s|%s|%s|%s',
+        p_tenant_id, v_continuity, v_kind, v_destination, v_request), 0));
+
+    v_self := NULL;
+    FOR v_other IN
+        SELECT r.* FROM orch8.effect_receipts AS r
+         WHERE r.tenant_id = p_tenant_id
+           AND r.continuity_id = v_continuity
+           AND (r.id = p_id OR (r.kind = v_kind
+                                AND r.destination_fingerprint = v_destination
+                                AND r.request_sha256 = v_request))
+         ORDER BY r.created_at, r.id
+         FOR UPDATE
+    LOOP
+        IF v_other.id = p_id THEN
+            v_self := v_other;
+        ELSIF v_competing.id IS NULL AND (
+            v_other.state IN ('dispatched', 'committed', 'unknown', 'verified')
+            -- rows before ours in (created_at, id) order are older: the oldest wins
+            OR (v_self.id IS NULL AND v_other.state NOT IN ('abandoned', 'compensated'))
+        ) THEN
+            v_competing := v_other;
+        END IF;
+    END LOOP;
+
+    IF v_self.id IS NULL THEN
+        RETURN ROW('stale', p_id, NULL, NULL, NULL, NULL, NULL, NULL,
+                   'receipt not found')::orch8.effect_outcome;
+    END IF;
+    IF v_self.state <> 'prepared' THEN
+        RETURN orch8.effect_outcome_of('stale', v_self,
+            format('receipt is %s, not prepared', v_self.state));
+    END IF;
+
+    IF v_competing.id IS NOT NULL THEN
+        FOR v_guard IN SELECT * FROM orch8.effect_commit_guards(p_tenant_id, v_self.instance_id, v_self.kind)
+        LOOP
+            v_first_guard := coalesce(v_first_guard, v_guard.id);
+            PERFORM orch8.append_invariant_result(v_guard, v_self, 'fail', v_competing.id);
+        END LOOP;
+        RETURN orch8.effect_outcome_of('duplicate', v_self,
+            format('receipt %s (block %s, attempt %s, %s) already holds this content',
+                   v_competing.id, v_competing.block_id, v_competing.attempt, v_competing.state),
+            v_first_guard, v_competing.id);
+    END IF;
+
+    IF NOT orch8.cas_effect_receipt(p_tenant_id, p_id, 'prepared', 'dispatched',
+                                    '{"note": "guarded dispatch"}') THEN
+        RETURN orch8.effect_outcome_of('stale', orch8.load_effect_receipt(p_tenant_id, p_id),
+                                       'receipt moved during guarded dispatch');
+    END IF;
+    FOR v_guard IN SELECT * FROM orch8.effect_commit_guards(p_tenant_id, v_self.instance_id, v_self.kind)
+    LOOP
+        PERFORM orch8.append_invariant_result(v_guard, v_self, 'pass', NULL);
+    END LOOP;
+    RETURN orch8.effect_outcome_of('dispatched', orch8.load_effect_receipt(p_tenant_id, p_id));
+END
+$$;
+
+COMMENT ON FUNCTION orch8.dispatch_effect_receipt_at_most_once(text, uuid) IS
+'Guarded prepared->dispatched: under pg_advisory_xact_lock on '
+'effect|tenant|continuity|kind|destination|request, lock our receipt and every receipt with '
+'the same content (FOR UPDATE, by created_at, id). Ours missing or not prepared: stale. '
+'Another one dispatched, committed, unknown or verified, or older and not abandoned or '
+'compensated: duplicate (an invariant result is appended; ours stays prepared). '
+'Otherwise dispatched. Returns the outcome instead of raising so the trace survives.';
+
+CREATE OR REPLACE FUNCTION orch8.begin_effect(
+    p_tenant_id text,
+    p_instance_id uuid,
+    p_block_id text,
+    p_handler text,
+    p_params jsonb,
+    p_attempt integer
+)
+RETURNS orch8.effect_outcome
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_scope orch8.continuity_executions;
+    v_found orch8.effect_receipts;
+    v_row orch8.effect_receipts;
+    v_kind text;
+    v_key text;
+BEGIN
+    IF p_handler IS NULL OR p_handler = '' THEN
+        RAISE EXCEPTION 'begin_effect needs a handler name' USING ERRCODE = 'O8008';
+    END IF;
+    IF NOT orch8.handler_has_side_effects(p_handler) THEN
+        RETURN NULL;  -- pure: no scope, no receipt
+    END IF;
+    IF p_block_id IS NULL OR p_block_id = '' OR p_attempt IS NULL OR p_attempt < 0 THEN
+        RAISE EXCEPTION 'begin_effect needs a block id and an attempt >= 0'
+            USING ERRCODE = 'O8008';
+    END IF;
+
+    v_scope := orch8.ensure_effect_scope(p_tenant_id, p_instance_id);
+
+    v_found := orch8.find_unresolved_effect_receipt(
+        p_tenant_id, v_scope.continuity_id, p_instance_id, p_block_id, p_attempt);
+    IF v_found.id IS NOT NULL THEN
+        IF v_found.state = 'dispatched' THEN
+            -- A previous run of this very attempt may have sent it: say so, send nothing.
+            PERFORM orch8.cas_effect_receipt(p_tenant_id, v_found.id, 'dispatched', 'unknown',
+                jsonb_build_object(
+                    'note', 'found dispatched when the same attempt began again',
+                    'error', 'outcome unknown: the previous run of this attempt did not settle'));
+            v_found := orch8.load_effect_receipt(p_tenant_id, v_found.id);
+        END IF;
+        RETURN orch8.effect_outcome_of('blocked', v_found,
+            format('receipt %s is %s: resolve it before this step can run again',
+                   v_found.id, v_found.state));
+    END IF;
+
+    v_kind := orch8.effect_kind(p_handler);
+    IF jsonb_typeof(p_params -> 'idempotency_key') = 'string'
+       AND octet_length(p_params ->> 'idempotency_key') <= 256 THEN
+        v_key := p_params ->> 'idempotency_key';
+    END IF;
+    v_row := orch8.ensure_effect_receipt(
+        p_tenant_id,
+        orch8.deterministic_effect_id(v_scope.continuity_id, v_scope.epoch, p_instance_id,
+                                      p_block_id, p_attempt),
+        v_scope.continuity_id, v_scope.epoch, p_instance_id, p_block_id, p_attempt,
+        v_kind, p_handler,
+        orch8.destination_fingerprint(p_handler, p_params),
+        orch8.request_sha256(p_handler, p_params),
+        v_key);
+
+    IF v_row.state = 'planned' THEN
+        IF NOT orch8.cas_effect_receipt(p_tenant_id, v_row.id, 'planned', 'prepared') THEN
+            v_row := orch8.load_effect_receipt(p_tenant_id, v_row.id);
+            RETURN orch8.effect_outcome_of('blocked', v_row, 'receipt moved concurrently');
+        END IF;
+    ELSIF v_row.state <> 'prepared' THEN
+        RETURN orch8.effect_outcome_of('blocked', v_row,
+            format('receipt %s is already %s', v_row.id, v_row.state));
+    END IF;
+
+    IF EXISTS (SELECT 1 FROM orch8.effect_commit_guards(p_tenant_id, p_instance_id, v_kind)) THEN
+        RETURN orch8.dispatch_effect_receipt_at_most_once(p_tenant_id, v_row.id);
+    END IF;
+    IF NOT orch8.cas_effect_receipt(p_tenant_id, v_row.id, 'prepared', 'dispatched') THEN
+        v_row := orch8.load_effect_receipt(p_tenant_id, v_row.id);
+        RETURN orch8.effect_outcome_of('blocked', v_row, 'receipt moved concurrently');
+    END IF;
+    RETURN orch8.effect_outcome_of('dispatched', orch8.load_effect_receipt(p_tenant_id, v_row.id));
+END
+$$;
+
+COMMENT ON FUNCTION orch8.begin_effect(text, uuid, text, text, jsonb, integer) IS
+'Everything before a side effect, in one call: NULL for a pure handler (nothing written); '
+'else ensure the scope; a dispatched receipt of this (block, attempt) becomes unknown and '
+'the outcome is blocked (unknown: blocked too); else upsert the planned receipt (kind, '
+'destination fingerprint, request hash, idempotency key), move it to prepared, then to '
+'dispatched (plain CAS, or the guarded dispatch when a commit guard covers its kind). A '
+'receipt already past prepared gives blocked. Returns the outcome; never raises for them.';
+
+CREATE OR REPLACE FUNCTION orch8.settle_effect(
+    p_tenant_id text,
+    p_id uuid,
+    p_expected orch8.effect_state,
+    p_next orch8.effect_state,
+    p_patch jsonb
+)
+RETURNS orch8.effect_outcome
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_row orch8.effect_receipts;
+BEGIN
+    IF orch8.cas_effect_receipt(p_tenant_id, p_id, p_expected, p_next, p_patch) THEN
+        RETURN orch8.effect_outcome_of(p_next::text, orch8.load_effect_receipt(p_tenant_id, p_id));
+    END IF;
+    v_row := orch8.load_effect_receipt(p_tenant_id, p_id);
+    IF v_row.id IS NULL THEN
+        RETURN ROW('stale', p_id, NULL, NULL, NULL, NULL, NULL, NULL,
+                   'receipt not found')::orch8.effect_outcome;
+    END IF;
+    RETURN orch8.effect_outcome_of('stale', v_row,
+        format('receipt is %s, not %s', v_row.state, p_expected));
+END
+$$;
+
+COMMENT ON FUNCTION orch8.settle_effect(
+    text, uuid, orch8.effect_state, orch8.effect_state, jsonb
+) IS 'CAS and report: the new state as outcome, or stale with the current state (internal helper).';
+
+CREATE OR REPLACE FUNCTION orch8.commit_effect(p_tenant_id text, p_id uuid, p_output jsonb)
+RETURNS orch8.effect_outcome
+LANGUAGE sql
+AS $$
+    SELECT orch8.settle_effect(p_tenant_id, p_id, 'dispatched', 'committed',
+        jsonb_strip_nulls(jsonb_build_object(
+            'provider_receipt_id', orch8.provider_receipt_id(p_output),
+            'note', 'handler succeeded')))
+$$;
+
+COMMENT ON FUNCTION orch8.commit_effect(text, uuid, jsonb) IS
+'dispatched->committed after the handler succeeded; provider_receipt_id is the first '
+'string among output.provider_receipt_id, receipt_id, request_id (ignored over 256 bytes). '
+'Outcome committed, or stale with the current state.';
+
+CREATE OR REPLACE FUNCTION orch8.mark_effect_unknown(p_tenant_id text, p_id uuid, p_error text)
+RETURNS orch8.effect_outcome
+LANGUAGE sql
+AS $$
+    SELECT orch8.settle_effect(p_tenant_id, p_id, 'dispatched', 'unknown',
+        jsonb_build_object('error', left(coalesce(p_error, 'unknown error'), 2000),
+                           'note', 'handler failed or timed out after dispatch'))
+$$;
+
+COMMENT ON FUNCTION orch8.mark_effect_unknown(text, uuid, text) IS
+'dispatched->unknown after a handler error or timeout: the provider may or may not have '
+'acted. Outcome unknown, or stale with the current state.';
+
+CREATE OR REPLACE FUNCTION orch8.abandon_effect_not_applied(
+    p_tenant_id text, p_id uuid, p_evidence jsonb
+)
+RETURNS orch8.effect_outcome
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_out orch8.effect_outcome;
+BEGIN
+    IF p_evidence IS NULL OR jsonb_typeof(p_evidence) <> 'object' OR p_evidence = '{}' THEN
+        RAISE EXCEPTION 'abandoning a dispatched receipt needs evidence that nothing was sent'
+            USING ERRCODE = 'O8008';
+    END IF;
+    v_out := orch8.settle_effect(p_tenant_id, p_id, 'dispatched', 'unknown',
+        jsonb_build_object('error', p_evidence ->> 'error',
+                           'note', 'handler proved nothing was sent'));
+    IF v_out.outcome = 'stale' THEN
+        RETURN v_out;
+    END IF;
+    RETURN orch8.settle_effect(p_tenant_id, p_id, 'unknown', 'abandoned',
+        jsonb_build_object('evidence', jsonb_build_object('not_applied', p_evidence),
+                           'note', 'not applied: nothing left the process'));
+END
+$$;
+
+COMMENT ON FUNCTION orch8.abandon_effect_not_applied(text, uuid, jsonb) IS
+'dispatched->unknown->abandoned in one call, for a handler that can prove nothing left the '
+'process (connection refused before a byte was sent). Evidence (a non-empty object) is '
+'kept on the receipt under not_applied.';
+
+CREATE OR REPLACE FUNCTION orch8.resolve_effect(
+    p_tenant_id text,
+    p_id uuid,
+    p_state orch8.effect_state,
+    p_provider_receipt_id text,
+    p_evidence jsonb,
+    p_actor text,
+    p_note text DEFAULT NULL,
+    p_expected_state orch8.effect_state DEFAULT NULL
+)
+RETURNS orch8.effect_receipts
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_row orch8.effect_receipts;
+    v_evidence jsonb := coalesce(p_evidence, '{}');
+BEGIN
+    IF p_actor IS NULL OR p_actor = '' THEN
+        RAISE EXCEPTION 'resolve_effect needs an actor (who is resolving)'
+            USING ERRCODE = 'O8008';
+    END IF;
+    IF jsonb_typeof(v_evidence) <> 'object' THEN
+        RAISE EXCEPTION 'evidence must be a JSON object' USING ERRCODE = 'O8008';
+    END IF;
+    IF octet_length(p_provider_receipt_id) > 256 THEN
+        RAISE EXCEPTION 'provider_receipt_id is longer than 256 bytes' USING ERRCODE = 'O8008';
+    END IF;
+    v_row := orch8.load_effect_receipt(p_tenant_id, p_id);
+    IF v_row.id IS NULL THEN
+        RAISE EXCEPTION 'effect receipt % not found', p_id USING ERRCODE = 'O8007';
+    END IF;
+    IF p_expected_state IS NOT NULL AND v_row.state <> p_expected_state THEN
+        RAISE EXCEPTION 'receipt % is %, not % any more: reload before resolving',
+            p_id, v_row.state, p_expected_state
+            USING ERRCODE = 'O8002', DETAIL = format('current state: %s', v_row.state);
+    END IF;
+    IF p_state IS NULL OR v_row.state NOT IN ('unknown', 'committed', 'verified')
+       OR NOT orch8.can_transition_to(v_row.state, p_state) THEN
+        RAISE EXCEPTION 'receipt % cannot be resolved from % to %', p_id, v_row.state, p_state
+            USING ERRCODE = 'O8004',
+                  DETAIL = format('current state: %s', v_row.state),
+                  HINT = 'unknown -> verified|committed|compensated|abandoned; '
+                         'committed|verified -> compensated';
+    END IF;
+    IF p_state IN ('abandoned', 'compensated') AND v_evidence = '{}' THEN
+        RAISE EXCEPTION 'resolving to % needs evidence (what you looked at)', p_state
+            USING ERRCODE = 'O8008';
+    END IF;
+    IF NOT orch8.cas_effect_receipt(p_tenant_id, p_id, v_row.state, p_state,
+        jsonb_strip_nulls(jsonb_build_object(
+            'provider_receipt_id', p_provider_receipt_id,
+            'actor', p_actor,
+            'note', coalesce(p_note, 'resolved by operator'),
+            'evidence', jsonb_build_object('resolution', jsonb_build_object(
+                'state', p_state, 'actor', p_actor, 'note', p_note,
+                'evidence', v_evidence, 'at', orch8.now())))))
+    THEN
+        RAISE EXCEPTION 'receipt % changed while resolving: reload before resolving', p_id
+            USING ERRCODE = 'O8002';
+    END IF;
+    RETURN orch8.load_effect_receipt(p_tenant_id, p_id);
+END
+$$;
+
+COMMENT ON FUNCTION orch8.resolve_effect(
+    text, uuid, orch8.effect_state, text, jsonb, text, text, orch8.effect_state
+) IS
+'The operator path: unknown -> verified|committed|compensated|abandoned, and '
+'committed|verified -> compensated. abandoned and compensated need non-empty evidence. '
+'Sets provider_receipt_id when given, records the resolution on the receipt and an event '
+'row. Illegal move: O8004; not found: O8007; changed meanwhile (or not p_expected_state): '
+'O8002 "reload before resolving".';
+
+CREATE OR REPLACE VIEW orch8.unresolved_effects AS
+SELECT
+    r.tenant_id,
+    r.id AS effect_id,
+    r.kind,
+    r.state,
+    orch8.now() - r.created_at AS age,
+    r.updated_at AS state_since,
+    r.instance_id,
+    r.block_id,
+    r.attempt,
+    r.epoch,
+    r.continuity_id,
+    r.handler,
+    r.destination_fingerprint,
+    r.request_sha256,
+    r.idempotency_key,
+    r.provider_receipt_id,
+    r.error,
+    r.evidence,
+    r.created_at
+FROM orch8.effect_receipts AS r
+WHERE r.state = 'unknown'
+   OR (r.state = 'dispatched' AND r.updated_at < orch8.now() - coalesce(
+       nullif(current_setting('orch8.dispatched_alert_after', true), ''), '5 minutes'
+   )::interval);
+
+COMMENT ON VIEW orch8.unresolved_effects IS
+'The operator queue and alert source: receipts in unknown, and receipts dispatched for '
+'longer than the setting orch8.dispatched_alert_after (default 5 minutes). Oldest first: '
+'ORDER BY created_at.';
