@@ -219,7 +219,9 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION orch8.cas_effect_receipt(text, uuid, orch8.effect_state, orch8.effect_state, jsonb) IS
+COMMENT ON FUNCTION orch8.cas_effect_receipt(
+    text, uuid, orch8.effect_state, orch8.effect_state, jsonb
+) IS
 'Compare-and-swap a receipt: one UPDATE ... WHERE tenant_id, id AND state = expected. '
 'Returns whether it won; a lost CAS means someone else moved the receipt and is never '
 'retried. patch may set provider_receipt_id and error, merge evidence (an object), and '
@@ -742,10 +744,14 @@ SELECT
     r.evidence,
     r.created_at
 FROM orch8.effect_receipts AS r
-WHERE r.state = 'unknown'
-   OR (r.state = 'dispatched' AND r.updated_at < orch8.now() - coalesce(
-       nullif(current_setting('orch8.dispatched_alert_after', true), ''), '5 minutes'
-   )::interval);
+WHERE
+    r.state = 'unknown'
+    OR (
+        r.state = 'dispatched'
+        AND r.updated_at < orch8.now() - coalesce(
+            nullif(current_setting('orch8.dispatched_alert_after', true), ''), '5 minutes'
+        )::interval
+    );
 
 COMMENT ON VIEW orch8.unresolved_effects IS
 'The operator queue and alert source: receipts in unknown, and receipts dispatched for '
