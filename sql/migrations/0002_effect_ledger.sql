@@ -349,7 +349,7 @@ FOR EACH ROW EXECUTE FUNCTION orch8.refuse_history_rewrite();
 -- What begin_effect and the settle functions return: an outcome, not an exception, so
 -- that what they wrote (a receipt moved to unknown, an invariant result) survives.
 CREATE TYPE orch8.effect_outcome AS (
-    -- begin: dispatched | blocked | duplicate | stale; settle: committed | unknown | abandoned | stale
+    -- begin: dispatched|blocked|duplicate|stale; settle: committed|unknown|abandoned|stale
     outcome text,
     effect_id uuid,
     state orch8.effect_state,     -- the receipt's state after the call
