@@ -291,3 +291,17 @@ def test_identity_mismatch_is_invalid_config(conn):
             " 'http_request', %s, %s)",
             (TENANT, out.effect_id, scope, instance, "0" * 64, "f" * 64),
         )
+
+
+def test_every_function_is_documented_and_commented(conn):
+    from pathlib import Path
+
+    doc = (Path(__file__).parent.parent / "docs" / "SQL_API.md").read_text()
+    rows = conn.execute(
+        "SELECT p.proname, obj_description(p.oid, 'pg_proc') FROM pg_proc p"
+        " JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'orch8'"
+    ).fetchall()
+    assert rows
+    undocumented = sorted({name for name, _ in rows if f"orch8.{name}(" not in doc})
+    uncommented = sorted({name for name, comment in rows if not comment})
+    assert (undocumented, uncommented) == ([], [])
