@@ -1,0 +1,327 @@
+-- Repeatable: instances, lease-fenced claiming, block outputs and attempts.
+-- Every instance state change is a CAS against orch8.instance_can_transition and writes
+-- an instance_transitions row; every runner write carries (instance, lease token).
+
+CREATE OR REPLACE FUNCTION orch8.create_instance(
+    p_tenant_id text,
+    p_sequence_id uuid,
+    p_data jsonb DEFAULT '{}',
+    p_config jsonb DEFAULT '{}',
+    p_priority integer DEFAULT 0,
+    p_idempotency_key text DEFAULT NULL,
+    p_next_fire_at timestamptz DEFAULT NULL,
+    p_parent_instance_id uuid DEFAULT NULL
+)
+RETURNS TABLE (id uuid, state orch8.instance_state, deduplicated boolean)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_seq orch8.sequences;
+    v_context jsonb;
+    v_limit integer := coalesce(
+        nullif(current_setting('orch8.max_context_bytes', true), '')::integer, 262144);
+    v_row orch8.task_instances;
+BEGIN
+    IF jsonb_typeof(coalesce(p_data, '{}')) <> 'object'
+       OR jsonb_typeof(coalesce(p_config, '{}')) <> 'object' THEN
+        RAISE EXCEPTION 'instance data and config must be JSON objects' USING ERRCODE = 'O8008';
+    END IF;
+    SELECT * INTO v_seq FROM orch8.sequences AS s
+     WHERE s.tenant_id = p_tenant_id AND s.id = p_sequence_id;
+    IF NOT found THEN
+        RAISE EXCEPTION 'sequence % not found', p_sequence_id USING ERRCODE = 'O8007';
+    END IF;
+    v_context := jsonb_build_object(
+        'data', coalesce(p_data, '{}'), 'config', coalesce(p_config, '{}'), 'runtime', '{}'::jsonb);
+    IF octet_length(v_context::text) > v_limit THEN
+        RAISE EXCEPTION 'instance context is % bytes, over the limit of % bytes',
+            octet_length(v_context::text), v_limit
+            USING ERRCODE = 'O8008',
+                  HINT = 'store large payloads elsewhere and pass a reference '
+                         '(the limit is the setting orch8.max_context_bytes)';
+    END IF;
+
+    INSERT INTO orch8.task_instances AS t (
+        tenant_id, sequence_id, sequence_version, context, next_fire_at, priority,
+        parent_instance_id, idempotency_key
+    ) VALUES (
+        p_tenant_id, v_seq.id, v_seq.version, v_context,
+        coalesce(p_next_fire_at, orch8.now()), coalesce(p_priority, 0),
+        p_parent_instance_id, p_idempotency_key
+    )
+    ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+    RETURNING t.* INTO v_row;
+
+    IF v_row.id IS NULL THEN  -- the key was used before: hand back that instance
+        SELECT * INTO STRICT v_row FROM orch8.task_instances AS t
+         WHERE t.tenant_id = p_tenant_id AND t.idempotency_key = p_idempotency_key;
+        RETURN QUERY SELECT v_row.id, v_row.state, true;
+        RETURN;
+    END IF;
+    INSERT INTO orch8.instance_transitions (tenant_id, instance_id, from_state, to_state, actor)
+    VALUES (p_tenant_id, v_row.id, NULL, 'scheduled', 'create');
+    PERFORM pg_notify('orch8_work', '');
+    RETURN QUERY SELECT v_row.id, v_row.state, false;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.create_instance(
+    text, uuid, jsonb, jsonb, integer, text, timestamptz, uuid
+) IS
+'Start an instance of a sequence version: context {data, config, runtime}, scheduled at '
+'next_fire_at (default now). A repeated idempotency_key returns the existing instance '
+'with deduplicated = true. Context over orch8.max_context_bytes (default 262144): O8008. '
+'Notifies channel orch8_work so idle runners wake.';
+
+CREATE OR REPLACE FUNCTION orch8.reclaim_expired_leases(p_limit integer DEFAULT 100)
+RETURNS integer
+LANGUAGE sql
+AS $$
+    WITH expired AS (
+        SELECT t.tenant_id, t.id, t.lease_token
+        FROM orch8.task_instances AS t
+        WHERE t.state = 'running' AND t.lease_expires_at < orch8.now()
+        ORDER BY t.lease_expires_at
+        LIMIT greatest(p_limit, 0)
+        FOR UPDATE SKIP LOCKED
+    ),
+    reclaimed AS (
+        UPDATE orch8.task_instances AS t
+        SET state = 'scheduled', lease_owner = NULL, lease_token = NULL,
+            lease_expires_at = NULL, next_fire_at = orch8.now(), updated_at = orch8.now()
+        FROM expired AS e
+        WHERE t.tenant_id = e.tenant_id AND t.id = e.id
+          -- re-check under the row lock: same lease, still expired
+          AND t.state = 'running' AND t.lease_token = e.lease_token
+          AND t.lease_expires_at < orch8.now()
+        RETURNING t.tenant_id, t.id
+    ),
+    audit AS (
+        INSERT INTO orch8.instance_transitions (
+            tenant_id, instance_id, from_state, to_state, actor, reason
+        )
+        SELECT r.tenant_id, r.id, 'running', 'scheduled', 'lease-sweep', 'lease expired'
+        FROM reclaimed AS r
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM audit
+$$;
+
+COMMENT ON FUNCTION orch8.reclaim_expired_leases(integer) IS
+'Bounded sweep: up to p_limit running instances whose lease expired go back to scheduled '
+'(a CAS that re-checks token and expiry). Returns how many. claim_due_instances runs it.';
+
+CREATE OR REPLACE FUNCTION orch8.claim_due_instances(
+    p_worker_id text, p_batch integer, p_lease interval DEFAULT '30 seconds'
+)
+RETURNS SETOF orch8.task_instances
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF p_worker_id IS NULL OR p_worker_id = '' OR p_batch IS NULL OR p_batch < 1
+       OR p_lease IS NULL OR p_lease <= interval '0' THEN
+        RAISE EXCEPTION 'claim_due_instances needs a worker id, a batch >= 1 and a positive lease'
+            USING ERRCODE = 'O8008';
+    END IF;
+    PERFORM orch8.reclaim_expired_leases(p_batch);
+    RETURN QUERY
+    WITH due AS (
+        SELECT t.tenant_id, t.id
+        FROM orch8.task_instances AS t
+        WHERE t.state = 'scheduled' AND t.next_fire_at <= orch8.now()
+        ORDER BY t.priority DESC, t.next_fire_at
+        LIMIT p_batch
+        FOR UPDATE SKIP LOCKED
+    ),
+    claimed AS (
+        UPDATE orch8.task_instances AS t
+        SET state = 'running', lease_owner = p_worker_id, lease_token = gen_random_uuid(),
+            lease_expires_at = orch8.now() + p_lease, updated_at = orch8.now()
+        FROM due AS d
+        WHERE t.tenant_id = d.tenant_id AND t.id = d.id AND t.state = 'scheduled'
+        RETURNING t.*
+    ),
+    audit AS (
+        INSERT INTO orch8.instance_transitions (
+            tenant_id, instance_id, from_state, to_state, actor
+        )
+        SELECT c.tenant_id, c.id, 'scheduled', 'running', p_worker_id FROM claimed AS c
+    )
+    SELECT * FROM claimed;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.claim_due_instances(text, integer, interval) IS
+'One round trip for a batch: reclaim up to p_batch expired leases, then claim up to '
+'p_batch due scheduled instances (priority, then next_fire_at; FOR UPDATE SKIP LOCKED), '
+'each with a fresh lease token and expiry now + p_lease. Every later write for an '
+'instance carries its token.';
+
+CREATE OR REPLACE FUNCTION orch8.lock_leased_instance(
+    p_tenant_id text, p_instance_id uuid, p_lease_token uuid
+)
+RETURNS orch8.task_instances
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_row orch8.task_instances;
+BEGIN
+    SELECT * INTO v_row FROM orch8.task_instances AS t
+     WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id
+     FOR UPDATE;
+    IF v_row.id IS NULL THEN
+        RAISE EXCEPTION 'instance % not found', p_instance_id USING ERRCODE = 'O8007';
+    END IF;
+    IF v_row.state <> 'running' OR v_row.lease_token IS DISTINCT FROM p_lease_token
+       OR v_row.lease_expires_at < orch8.now() THEN
+        RAISE EXCEPTION 'lease on instance % is no longer held by this caller', p_instance_id
+            USING ERRCODE = 'O8001',
+                  DETAIL = format('state %s, lease owner %s', v_row.state,
+                                  coalesce(v_row.lease_owner, 'none'));
+    END IF;
+    RETURN v_row;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.lock_leased_instance(text, uuid, uuid) IS
+'Lock a running instance for a write by its lease holder; a token that is not the '
+'current one, or an expired lease, raises O8001 stale_lease (the caller stops quietly).';
+
+CREATE OR REPLACE FUNCTION orch8.heartbeat_leases(p_lease_tokens uuid[], p_lease interval)
+RETURNS SETOF uuid
+LANGUAGE sql
+AS $$
+    UPDATE orch8.task_instances AS t
+    SET lease_expires_at = orch8.now() + p_lease
+    WHERE t.state = 'running'
+      AND t.lease_token = ANY(p_lease_tokens)
+      AND t.lease_expires_at >= orch8.now()
+    RETURNING t.lease_token
+$$;
+
+COMMENT ON FUNCTION orch8.heartbeat_leases(uuid[], interval) IS
+'Extend every still-held lease among p_lease_tokens to now + p_lease in one statement; '
+'returns the tokens still held (a missing one was lost: stop work on that instance).';
+
+CREATE OR REPLACE FUNCTION orch8.transition_instance(
+    p_tenant_id text,
+    p_instance_id uuid,
+    p_expected orch8.instance_state,
+    p_next orch8.instance_state,
+    p_actor text,
+    p_reason text DEFAULT NULL,
+    p_next_fire_at timestamptz DEFAULT NULL
+)
+RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF NOT orch8.instance_can_transition(p_expected, p_next) THEN
+        RAISE EXCEPTION 'instance % cannot move from % to %', p_instance_id, p_expected, p_next
+            USING ERRCODE = 'O8004';
+    END IF;
+    UPDATE orch8.task_instances AS t
+    SET state = p_next,
+        updated_at = orch8.now(),
+        next_fire_at = coalesce(p_next_fire_at,
+                                CASE WHEN p_next = 'scheduled' THEN orch8.now()
+                                     ELSE t.next_fire_at END),
+        error = CASE WHEN p_next = 'failed' THEN p_reason
+                     WHEN p_next = 'scheduled' THEN NULL ELSE t.error END,
+        lease_owner = CASE WHEN p_next = 'running' THEN t.lease_owner END,
+        lease_token = CASE WHEN p_next = 'running' THEN t.lease_token END,
+        lease_expires_at = CASE WHEN p_next = 'running' THEN t.lease_expires_at END
+    WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id AND t.state = p_expected;
+    IF NOT found THEN
+        RETURN false;
+    END IF;
+    INSERT INTO orch8.instance_transitions (
+        tenant_id, instance_id, from_state, to_state, actor, reason
+    ) VALUES (p_tenant_id, p_instance_id, p_expected, p_next, p_actor, p_reason);
+    IF p_next = 'scheduled' THEN
+        PERFORM pg_notify('orch8_work', '');
+    END IF;
+    RETURN true;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.transition_instance(
+    text, uuid, orch8.instance_state, orch8.instance_state, text, text, timestamptz
+) IS
+'CAS an instance from p_expected to p_next (the table in instance_can_transition; an '
+'illegal pair raises O8004) and write the audit row. Leaving running drops the lease. '
+'Returns false when the instance was not in p_expected (never retried).';
+
+CREATE OR REPLACE FUNCTION orch8.release_lease(
+    p_tenant_id text,
+    p_instance_id uuid,
+    p_lease_token uuid,
+    p_next_fire_at timestamptz DEFAULT NULL,
+    p_reason text DEFAULT 'released'
+)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
+    PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running', 'scheduled',
+                                      'runner', p_reason, p_next_fire_at);
+END
+$$;
+
+COMMENT ON FUNCTION orch8.release_lease(text, uuid, uuid, timestamptz, text) IS
+'The lease holder hands a running instance back to scheduled (at p_next_fire_at, default '
+'now): on graceful shutdown, or to wait for a retry backoff. Stale token: O8001.';
+
+CREATE OR REPLACE FUNCTION orch8.compute_attempt(
+    p_tenant_id text, p_instance_id uuid, p_block_id text
+)
+RETURNS integer
+LANGUAGE sql
+STABLE
+AS $$
+    SELECT coalesce(
+        (SELECT CASE WHEN o.sentinel = '__in_progress__' THEN o.attempt ELSE o.attempt + 1 END
+           FROM orch8.block_outputs AS o
+          WHERE o.tenant_id = p_tenant_id AND o.instance_id = p_instance_id
+            AND o.block_id = p_block_id
+          ORDER BY o.seq DESC
+          LIMIT 1),
+        0)
+$$;
+
+COMMENT ON FUNCTION orch8.compute_attempt(text, uuid, text) IS
+'The attempt number of a block''s next run, from the latest block_outputs row: none -> 0; '
+'__in_progress__ -> the same attempt (a crash resumes it, so the receipt check blocks it); '
+'anything else -> previous + 1.';
+
+CREATE OR REPLACE FUNCTION orch8.append_block_output(
+    p_tenant_id text,
+    p_instance_id uuid,
+    p_lease_token uuid,
+    p_block_id text,
+    p_attempt integer,
+    p_sentinel text,
+    p_output jsonb,
+    p_retryable boolean DEFAULT NULL,
+    p_effect_id uuid DEFAULT NULL
+)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
+    INSERT INTO orch8.block_outputs (
+        tenant_id, instance_id, block_id, attempt, sentinel, output, retryable, effect_id
+    ) VALUES (
+        p_tenant_id, p_instance_id, p_block_id, p_attempt, p_sentinel, p_output, p_retryable,
+        p_effect_id
+    );
+END
+$$;
+
+COMMENT ON FUNCTION orch8.append_block_output(
+    text, uuid, uuid, text, integer, text, jsonb, boolean, uuid
+) IS
+'Append a block result (or a sentinel: __in_progress__, __retry__, __error__) for the '
+'lease holder; a stale token raises O8001 and nothing is written.';
