@@ -227,3 +227,32 @@ def test_compute_attempt(conn, sequence_id, rows, expected):
         0
     ]
     assert got == expected
+
+
+def test_sequence_declared_commit_guard_covers_its_instances(conn, sequence_id):
+    conn.execute(
+        "SELECT orch8.declare_invariant(%s, 'charge once', %s, true,"
+        " p_sequence_id => %s, p_sequence_version => 1)",
+        (TENANT, Jsonb({"type": "effect_at_most_once", "kind": "http"}), sequence_id),
+    )
+    instance = create(conn, sequence_id)[0]
+    params = Jsonb({"url": "https://pay.example/charge"})
+    outcomes = [
+        conn.execute(
+            "SELECT outcome FROM orch8.begin_effect(%s, %s, %s, 'http_request', %s, 0)",
+            (TENANT, instance, block, params),
+        ).fetchone()[0]
+        for block in ("charge", "charge_again")
+    ]
+    assert outcomes == ["dispatched", "duplicate"]
+    # another version of the sequence is not covered by a version-1 declaration
+    v2 = conn.execute(
+        "INSERT INTO orch8.sequences (tenant_id, name, version, definition)"
+        " VALUES (%s, 'flow', 2, '{}') RETURNING id",
+        (TENANT,),
+    ).fetchone()[0]
+    other = create(conn, v2)[0]
+    guards = conn.execute(
+        "SELECT count(*) FROM orch8.effect_commit_guards(%s, %s, 'http')", (TENANT, other)
+    ).fetchone()[0]
+    assert guards == 0

@@ -273,13 +273,23 @@ AS $$
       AND i.commit_guard
       AND i.rule ->> 'type' = 'effect_at_most_once'
       AND i.rule ->> 'kind' = p_kind
-      AND i.instance_id = p_instance_id
+      AND (
+          i.instance_id = p_instance_id
+          OR EXISTS (
+              SELECT 1 FROM orch8.task_instances AS t
+              WHERE t.tenant_id = p_tenant_id
+                AND t.id = p_instance_id
+                AND t.sequence_id = i.sequence_id
+                AND (i.sequence_version IS NULL OR i.sequence_version = t.sequence_version)
+          )
+      )
     ORDER BY i.created_at, i.id
 $$;
 
 COMMENT ON FUNCTION orch8.effect_commit_guards(text, uuid, text) IS
-'The enabled effect_at_most_once invariants with commit_guard for this instance and effect '
-'kind. Sequence-scoped declarations are added to this lookup with sequences.';
+'The enabled effect_at_most_once invariants with commit_guard for this effect kind that '
+'cover the instance: declared for the instance itself, or for its sequence (all versions, '
+'or the instance''s version).';
 
 CREATE OR REPLACE FUNCTION orch8.declare_invariant(
     p_tenant_id text,
