@@ -1,0 +1,162 @@
+-- Repeatable: the runner's two calls around a step. A guarded step costs exactly these
+-- two round trips (begin_step before the handler, finish_step after it) besides the
+-- amortised claim. Both are fenced by the instance's lease token.
+
+CREATE OR REPLACE FUNCTION orch8.begin_step(
+    p_tenant_id text,
+    p_instance_id uuid,
+    p_lease_token uuid,
+    p_block_id text,
+    p_handler text,
+    p_params jsonb,
+    p_attempt integer
+)
+RETURNS orch8.effect_outcome
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_out orch8.effect_outcome;
+BEGIN
+    PERFORM orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
+    v_out := orch8.begin_effect(p_tenant_id, p_instance_id, p_block_id, p_handler, p_params,
+                                p_attempt);
+    IF v_out.outcome IS NULL THEN
+        RETURN v_out;  -- pure handler: nothing to record before it runs
+    END IF;
+    IF v_out.outcome = 'dispatched' THEN
+        INSERT INTO orch8.block_outputs (
+            tenant_id, instance_id, block_id, attempt, sentinel, effect_id
+        ) VALUES (
+            p_tenant_id, p_instance_id, p_block_id, p_attempt, '__in_progress__',
+            v_out.effect_id
+        );
+        RETURN v_out;
+    END IF;
+    -- blocked, stale or duplicate: never retried. The trace begin_effect wrote stays.
+    INSERT INTO orch8.block_outputs (
+        tenant_id, instance_id, block_id, attempt, sentinel, output, retryable, effect_id
+    ) VALUES (
+        p_tenant_id, p_instance_id, p_block_id, p_attempt, '__error__',
+        jsonb_build_object('outcome', v_out.outcome, 'effect_state', v_out.state,
+                           'detail', v_out.detail, 'invariant_id', v_out.invariant_id,
+                           'competing_effect_id', v_out.competing_effect_id),
+        false, v_out.effect_id
+    );
+    PERFORM orch8.transition_instance(
+        p_tenant_id, p_instance_id, 'running', 'failed', 'runner',
+        format('%s: %s',
+               CASE v_out.outcome WHEN 'duplicate' THEN 'InvariantViolation'
+                                  ELSE 'EffectBlocked' END,
+               v_out.detail));
+    RETURN v_out;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.begin_step(text, uuid, uuid, text, text, jsonb, integer) IS
+'Before a handler runs, in one call: check the lease (O8001), begin_effect, and on '
+'dispatched append the __in_progress__ sentinel with the effect id. On blocked, stale or '
+'duplicate, append __error__ (retryable false) and fail the instance in the same '
+'transaction; the outcome is returned (never raised) so those writes persist. A pure '
+'handler returns a NULL outcome and writes nothing.';
+
+CREATE OR REPLACE FUNCTION orch8.finish_step(
+    p_tenant_id text,
+    p_instance_id uuid,
+    p_lease_token uuid,
+    p_block_id text,
+    p_attempt integer,
+    p_effect_id uuid,
+    p_result text,
+    p_output jsonb,
+    p_error text DEFAULT NULL,
+    p_retry_at timestamptz DEFAULT NULL,
+    p_next_block text DEFAULT NULL
+)
+RETURNS orch8.instance_state
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_settled orch8.effect_outcome;
+BEGIN
+    IF p_result IS NULL OR p_result NOT IN ('ok', 'error', 'not_applied') THEN
+        RAISE EXCEPTION 'finish_step result must be ok, error or not_applied, got %',
+            coalesce(p_result, 'NULL') USING ERRCODE = 'O8008';
+    END IF;
+    PERFORM orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
+
+    IF p_effect_id IS NOT NULL THEN
+        v_settled := CASE p_result
+            WHEN 'ok' THEN orch8.commit_effect(p_tenant_id, p_effect_id, p_output)
+            WHEN 'error' THEN orch8.mark_effect_unknown(p_tenant_id, p_effect_id, p_error)
+            ELSE orch8.abandon_effect_not_applied(
+                p_tenant_id, p_effect_id,
+                coalesce(nullif(p_output, '{}'::jsonb),
+                         jsonb_build_object('error', coalesce(p_error, 'not applied'))))
+        END;
+        IF v_settled.outcome = 'stale' THEN
+            -- someone moved our receipt (an operator, a runner that took over): stop.
+            INSERT INTO orch8.block_outputs (
+                tenant_id, instance_id, block_id, attempt, sentinel, output, retryable,
+                effect_id
+            ) VALUES (
+                p_tenant_id, p_instance_id, p_block_id, p_attempt, '__error__',
+                jsonb_build_object('outcome', 'stale', 'effect_state', v_settled.state,
+                                   'detail', v_settled.detail),
+                false, p_effect_id
+            );
+            PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running', 'failed',
+                'runner', format('EffectBlocked: %s', v_settled.detail));
+            RETURN 'failed';
+        END IF;
+    END IF;
+
+    IF p_result = 'ok' THEN
+        INSERT INTO orch8.block_outputs (
+            tenant_id, instance_id, block_id, attempt, output, effect_id
+        ) VALUES (
+            p_tenant_id, p_instance_id, p_block_id, p_attempt, coalesce(p_output, 'null'),
+            p_effect_id
+        );
+        IF p_next_block IS NULL THEN
+            PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running',
+                                              'completed', 'runner');
+            RETURN 'completed';
+        END IF;
+        UPDATE orch8.task_instances AS t
+        SET current_block = p_next_block, updated_at = orch8.now()
+        WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id;
+        RETURN 'running';
+    END IF;
+
+    IF p_retry_at IS NOT NULL THEN
+        INSERT INTO orch8.block_outputs (
+            tenant_id, instance_id, block_id, attempt, sentinel, output, retryable, effect_id
+        ) VALUES (
+            p_tenant_id, p_instance_id, p_block_id, p_attempt, '__retry__',
+            jsonb_build_object('error', p_error), true, p_effect_id
+        );
+        PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running', 'scheduled',
+                                          'runner', p_error, p_retry_at);
+        RETURN 'scheduled';
+    END IF;
+    INSERT INTO orch8.block_outputs (
+        tenant_id, instance_id, block_id, attempt, sentinel, output, retryable, effect_id
+    ) VALUES (
+        p_tenant_id, p_instance_id, p_block_id, p_attempt, '__error__',
+        jsonb_build_object('error', p_error), false, p_effect_id
+    );
+    PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running', 'failed',
+                                      'runner', p_error);
+    RETURN 'failed';
+END
+$$;
+
+COMMENT ON FUNCTION orch8.finish_step(
+    text, uuid, uuid, text, integer, uuid, text, jsonb, text, timestamptz, text
+) IS
+'After a handler returns, in one transaction, fenced by the lease (O8001): settle the '
+'receipt (ok: commit_effect; error: mark_effect_unknown; not_applied: '
+'abandon_effect_not_applied) and record the step: ok -> output row, then the next block '
+'(instance stays running) or completed; error with p_retry_at -> __retry__ and scheduled '
+'at p_retry_at; error without -> __error__ and failed. A receipt moved by someone else '
+'fails the instance (EffectBlocked). Returns the instance state.';
