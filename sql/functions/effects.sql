@@ -38,6 +38,20 @@ COMMENT ON FUNCTION orch8.effect_kind(text) IS
 'emit_event, send_signal message; memory_store, memory_delete, blob_put storage; '
 'tool_call, mcp_call, self_modify custom; any non-builtin worker; NULL for pure builtins.';
 
+CREATE OR REPLACE FUNCTION orch8.clear_event_attribution()
+RETURNS void
+LANGUAGE sql
+AS $$
+    SELECT
+        set_config('orch8.event_actor', '', true),
+        set_config('orch8.event_note', '', true),
+        set_config('orch8.event_evidence', '', true)
+$$;
+
+COMMENT ON FUNCTION orch8.clear_event_attribution() IS
+'Clears the transaction settings that attribute the next receipt event (actor, note, '
+'evidence), so a later direct write in the same transaction is credited to current_user.';
+
 CREATE OR REPLACE FUNCTION orch8.ensure_effect_scope(p_tenant_id text, p_instance_id uuid)
 RETURNS orch8.continuity_executions
 LANGUAGE plpgsql
@@ -142,6 +156,7 @@ BEGIN
     )
     ON CONFLICT (tenant_id, id) DO UPDATE SET id = excluded.id
     RETURNING r.* INTO v_row;
+    PERFORM orch8.clear_event_attribution();
 
     IF (v_row.tenant_id, v_row.id, v_row.continuity_id, v_row.epoch, v_row.instance_id,
         v_row.block_id, v_row.attempt, v_row.request_sha256)
@@ -181,6 +196,7 @@ AS $$
 DECLARE
     v_patch jsonb := coalesce(p_patch, '{}');
     v_unknown_keys text[];
+    v_won boolean;
 BEGIN
     IF NOT orch8.can_transition_to(p_expected, p_next) THEN
         RAISE EXCEPTION 'receipt % cannot move from % to %', p_id, p_expected, p_next
@@ -215,7 +231,9 @@ BEGIN
      WHERE r.tenant_id = p_tenant_id
        AND r.id = p_id
        AND r.state = p_expected;
-    RETURN found;
+    v_won := found;
+    PERFORM orch8.clear_event_attribution();
+    RETURN v_won;
 END
 $$;
 

@@ -346,6 +346,10 @@ CREATE TRIGGER invariant_results_append_only
 BEFORE UPDATE OR DELETE ON orch8.invariant_results
 FOR EACH ROW EXECUTE FUNCTION orch8.refuse_history_rewrite();
 
+CREATE TRIGGER invariant_results_no_truncate
+BEFORE TRUNCATE ON orch8.invariant_results
+FOR EACH STATEMENT EXECUTE FUNCTION orch8.refuse_history_rewrite();
+
 -- What begin_effect and the settle functions return: an outcome, not an exception, so
 -- that what they wrote (a receipt moved to unknown, an invariant result) survives.
 CREATE TYPE orch8.effect_outcome AS (

@@ -1,0 +1,200 @@
+-- Deterministic ids: receipt ids from an effect's position, and the scope ids of an instance.
+-- Every expected UUID below was computed independently with Python's hashlib:
+--   d = sha256(b'orch8-effect-v1' + b'\x00' + continuity.bytes + epoch.to_bytes(8, 'big')
+--              + instance.bytes + block.encode('utf-8') + attempt.to_bytes(4, 'big'))
+--   b = bytearray(d[:16]); b[6] = (b[6] & 0x0f) | 0x80; b[8] = (b[8] & 0x3f) | 0x80
+--   uuid.UUID(bytes=bytes(b))
+-- and for scope ids: sha256(prefix.encode() + b'\x00' + instance.bytes), same fix-up.
+BEGIN;
+SELECT plan(24);
+
+-- uuid_from_digest: version 8 and the RFC 4122 variant are forced
+
+SELECT is(
+    orch8.uuid_from_digest(decode(repeat('ff', 32), 'hex')),
+    'ffffffff-ffff-8fff-bfff-ffffffffffff'::uuid,
+    'uuid_from_digest of all-ones: byte 6 -> 0x8f, byte 8 -> 0xbf'
+);
+
+SELECT is(
+    orch8.uuid_from_digest(decode(repeat('00', 32), 'hex')),
+    '00000000-0000-8000-8000-000000000000'::uuid,
+    'uuid_from_digest of all-zeros: byte 6 -> 0x80, byte 8 -> 0x80'
+);
+
+-- deterministic_effect_id vectors
+
+SELECT is(
+    orch8.deterministic_effect_id(
+        '00000000-0000-0000-0000-0000000000c1', 0,
+        '00000000-0000-0000-0000-0000000000a1', 'charge', 0
+    ),
+    '826498ec-87fb-8e62-95cb-77ad101c9496'::uuid,
+    'effect id vector: epoch 0, ASCII block, attempt 0'
+);
+
+SELECT is(
+    orch8.deterministic_effect_id(
+        '00000000-0000-0000-0000-0000000000c1', 0,
+        '00000000-0000-0000-0000-0000000000a1', 'charge', 1
+    ),
+    '7564df4e-ea86-8811-89c4-883adfdcf40b'::uuid,
+    'effect id vector: the next attempt of the same block gets another id'
+);
+
+SELECT is(
+    orch8.deterministic_effect_id(
+        '6f1c2b3a-4d5e-4f60-8172-83a4b5c6d7e8', 7,
+        '00000000-0000-0000-0000-0000000000a2', 'paiement-é', 3
+    ),
+    'da52aa79-9344-8044-a35f-5c6e8681b44f'::uuid,
+    'effect id vector: non-ASCII block id paiement-é hashed as UTF-8'
+);
+
+SELECT is(
+    orch8.deterministic_effect_id(
+        '00000000-0000-0000-0000-0000000000c2', 4294967301,
+        '00000000-0000-0000-0000-0000000000a3', 'step_1', 0
+    ),
+    '0a4c2136-79b0-8edd-a03a-fe3aac2b0909'::uuid,
+    'effect id vector: epoch 2^32 + 5 uses all 8 big-endian bytes'
+);
+
+SELECT is(
+    orch8.deterministic_effect_id(
+        '00000000-0000-0000-0000-0000000000c3', 9223372036854775807,
+        '00000000-0000-0000-0000-0000000000a4', 'b', 2147483647
+    ),
+    '3c8efec7-a6cc-86c7-b5fb-7982b73bad1a'::uuid,
+    'effect id vector: maximal epoch and attempt (2^31 - 1)'
+);
+
+SELECT is(
+    orch8.deterministic_effect_id(
+        'ffffffff-ffff-ffff-ffff-ffffffffffff', 1,
+        '00000000-0000-0000-0000-000000000000', '支払い', 123456
+    ),
+    '3b34ba3f-bf6c-8900-87da-2df52e5708ed'::uuid,
+    'effect id vector: CJK block id and a large attempt'
+);
+
+SELECT is(
+    orch8.deterministic_effect_id(
+        '00000000-0000-0000-0000-0000000000c1', 0,
+        '00000000-0000-0000-0000-0000000000a1', 'charge', 0
+    ),
+    orch8.deterministic_effect_id(
+        '00000000-0000-0000-0000-0000000000c1', 0,
+        '00000000-0000-0000-0000-0000000000a1', 'charge', 0
+    ),
+    'the same position always gives the same id'
+);
+
+SELECT throws_ok(
+    $$SELECT orch8.deterministic_effect_id(
+          '00000000-0000-0000-0000-0000000000c1', -1,
+          '00000000-0000-0000-0000-0000000000a1', 'charge', 0)$$,
+    'O8008', NULL,
+    'a negative epoch is refused (O8008)'
+);
+
+SELECT throws_ok(
+    $$SELECT orch8.deterministic_effect_id(
+          '00000000-0000-0000-0000-0000000000c1', 0,
+          '00000000-0000-0000-0000-0000000000a1', 'charge', -1)$$,
+    'O8008', NULL,
+    'a negative attempt is refused (O8008)'
+);
+
+-- effect_scope_id vectors
+
+SELECT is(
+    orch8.effect_scope_id('orch8-effect-scope-v1', '00000000-0000-0000-0000-0000000000a1'),
+    '511c3cff-6ba1-8ff6-aee8-afd472664eaf'::uuid,
+    'continuity id vector for instance a1'
+);
+
+SELECT is(
+    orch8.effect_scope_id('orch8-effect-scope-v1', '00000000-0000-0000-0000-0000000000a2'),
+    '58c4df1b-dfd3-886a-9ed2-1e101f2f3965'::uuid,
+    'continuity id vector for instance a2'
+);
+
+SELECT is(
+    orch8.effect_scope_id('orch8-effect-runtime-v1', '00000000-0000-0000-0000-0000000000a1'),
+    '9d34e355-b459-8428-8783-d4e389bceaed'::uuid,
+    'owner runtime id vector for instance a1'
+);
+
+SELECT is(
+    orch8.effect_scope_id('orch8-effect-runtime-v1', '00000000-0000-0000-0000-0000000000a2'),
+    '5da57903-f65c-8ea0-a71e-5d05a716f2e6'::uuid,
+    'owner runtime id vector for instance a2'
+);
+
+-- ensure_effect_scope
+
+SELECT results_eq(
+    $$SELECT tenant_id, continuity_id, epoch, owner_runtime_id, current_instance_id, state
+      FROM orch8.ensure_effect_scope('t1', '00000000-0000-0000-0000-0000000000a1')$$,
+    $$VALUES ('t1', '511c3cff-6ba1-8ff6-aee8-afd472664eaf'::uuid, 0::bigint,
+              '9d34e355-b459-8428-8783-d4e389bceaed'::uuid,
+              '00000000-0000-0000-0000-0000000000a1'::uuid, 'owned')$$,
+    'ensure_effect_scope creates the scope with the derived ids, epoch 0, owned'
+);
+
+SELECT results_eq(
+    $$SELECT continuity_id, owner_runtime_id, epoch
+      FROM orch8.ensure_effect_scope('t1', '00000000-0000-0000-0000-0000000000a1')$$,
+    $$VALUES ('511c3cff-6ba1-8ff6-aee8-afd472664eaf'::uuid,
+              '9d34e355-b459-8428-8783-d4e389bceaed'::uuid, 0::bigint)$$,
+    'a second ensure_effect_scope returns the same scope'
+);
+
+SELECT is(
+    (
+        SELECT count(*)::integer FROM orch8.continuity_executions
+        WHERE tenant_id = 't1' AND current_instance_id = '00000000-0000-0000-0000-0000000000a1'
+    ),
+    1,
+    'calling ensure_effect_scope twice leaves one row'
+);
+
+SELECT is(
+    (orch8.ensure_effect_scope('t1', '00000000-0000-0000-0000-0000000000a2')).continuity_id,
+    '58c4df1b-dfd3-886a-9ed2-1e101f2f3965'::uuid,
+    'another instance gets its own derived continuity id'
+);
+
+SELECT is(
+    (orch8.ensure_effect_scope('t2', '00000000-0000-0000-0000-0000000000a1')).tenant_id,
+    't2',
+    'the same instance id under another tenant gets its own scope row'
+);
+
+SELECT is(
+    (SELECT count(*)::integer FROM orch8.continuity_executions),
+    3,
+    'three scopes in all: (t1, a1), (t1, a2), (t2, a1)'
+);
+
+SELECT throws_ok(
+    $$SELECT orch8.ensure_effect_scope('', '00000000-0000-0000-0000-0000000000a1')$$,
+    'O8008', NULL,
+    'ensure_effect_scope refuses an empty tenant (O8008)'
+);
+
+SELECT throws_ok(
+    $$SELECT orch8.ensure_effect_scope(NULL, '00000000-0000-0000-0000-0000000000a1')$$,
+    'O8008', NULL,
+    'ensure_effect_scope refuses a NULL tenant (O8008)'
+);
+
+SELECT throws_ok(
+    $$SELECT orch8.ensure_effect_scope('t1', NULL)$$,
+    'O8008', NULL,
+    'ensure_effect_scope refuses a NULL instance (O8008)'
+);
+
+SELECT * FROM finish();
+ROLLBACK;
