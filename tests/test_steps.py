@@ -190,3 +190,47 @@ def test_pure_handler_writes_nothing_before_it_runs(conn, claimed):
     instance, token = claimed
     assert begin(conn, instance, token, handler="transform") == (None, None, None, None)
     assert sentinels(conn, instance) == []
+
+
+def test_repeating_begin_and_finish_under_the_same_lease_is_safe(conn, claimed):
+    """A runner whose connection dropped after the server committed asks again."""
+    instance, token = claimed
+    first = begin(conn, instance, token)
+    again = begin(conn, instance, token)
+    assert again[:3] == first[:3] == ("dispatched", first[1], "dispatched")
+    assert sentinels(conn, instance) == ["__in_progress__"]
+    assert finish(conn, instance, token, first[1], "ok", {"receipt_id": "r1"}) == "completed"
+    assert finish(conn, instance, token, first[1], "ok", {"receipt_id": "r1"}) == "completed"
+    assert sentinels(conn, instance) == ["__in_progress__", "output"]
+    assert receipt_state(conn, first[1]) == ("committed", "r1")
+
+
+def test_a_different_lease_repeating_begin_is_blocked(conn, claimed):
+    instance, token = claimed
+    _, effect_id, _, _ = begin(conn, instance, token)
+    conn.execute("SELECT orch8.release_lease(%s, %s, %s)", (TENANT, instance, token))
+    new_token = conn.execute(
+        "SELECT lease_token FROM orch8.claim_due_instances('w2', 1, '30 seconds')"
+    ).fetchone()[0]
+    outcome, same, state, _ = begin(conn, instance, new_token)
+    assert (outcome, same, state) == ("blocked", effect_id, "unknown")
+
+
+def test_a_child_that_ends_wakes_its_waiting_parent(conn, claimed):
+    parent, _token = claimed
+    seq = conn.execute("SELECT sequence_id FROM orch8.task_instances WHERE id = %s", (parent,))
+    seq = seq.fetchone()[0]
+    assert conn.execute(
+        "SELECT orch8.transition_instance(%s, %s, 'running', 'waiting', 'runner')",
+        (TENANT, parent),
+    ).fetchone()[0]
+    child = conn.execute(
+        "SELECT id FROM orch8.create_instance(%s, %s, p_parent_instance_id => %s)",
+        (TENANT, seq, parent),
+    ).fetchone()[0]
+    child_token = conn.execute(
+        "SELECT lease_token FROM orch8.claim_due_instances('w1', 1, '30 seconds')"
+    ).fetchone()[0]
+    assert begin(conn, child, child_token, handler="transform")[0] is None
+    assert finish(conn, child, child_token, None, "ok", {"x": 1}) == "completed"
+    assert instance_state(conn, parent)[0] == "scheduled"

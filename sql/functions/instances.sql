@@ -238,6 +238,15 @@ BEGIN
     INSERT INTO orch8.instance_transitions (
         tenant_id, instance_id, from_state, to_state, actor, reason
     ) VALUES (p_tenant_id, p_instance_id, p_expected, p_next, p_actor, p_reason);
+    IF p_next IN ('completed', 'failed', 'cancelled') THEN
+        -- a child that ends wakes its parent if the parent waits for it
+        PERFORM orch8.transition_instance(
+            p_tenant_id, t.parent_instance_id, 'waiting', 'scheduled', 'child',
+            format('child %s %s', p_instance_id, p_next))
+        FROM orch8.task_instances AS t
+        WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id
+          AND t.parent_instance_id IS NOT NULL;
+    END IF;
     IF p_next = 'scheduled' THEN
         PERFORM pg_notify('orch8_work', '');
     END IF;
@@ -250,7 +259,8 @@ COMMENT ON FUNCTION orch8.transition_instance(
 ) IS
 'CAS an instance from p_expected to p_next (the table in instance_can_transition; an '
 'illegal pair raises O8004) and write the audit row. Leaving running drops the lease. '
-'Returns false when the instance was not in p_expected (never retried).';
+'An instance that ends (completed, failed, cancelled) wakes its parent when the parent is '
+'waiting. Returns false when the instance was not in p_expected (never retried).';
 
 CREATE OR REPLACE FUNCTION orch8.release_lease(
     p_tenant_id text,
@@ -312,10 +322,11 @@ AS $$
 BEGIN
     PERFORM orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
     INSERT INTO orch8.block_outputs (
-        tenant_id, instance_id, block_id, attempt, sentinel, output, retryable, effect_id
+        tenant_id, instance_id, block_id, attempt, sentinel, output, retryable, effect_id,
+        lease_token
     ) VALUES (
         p_tenant_id, p_instance_id, p_block_id, p_attempt, p_sentinel, p_output, p_retryable,
-        p_effect_id
+        p_effect_id, p_lease_token
     );
 END
 $$;

@@ -16,8 +16,21 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_out orch8.effect_outcome;
+    v_last orch8.block_outputs;
 BEGIN
     PERFORM orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
+    -- The same claim asking again (its first answer was lost with the connection): the
+    -- handler has not run, since the runner only calls it after this answer.
+    SELECT * INTO v_last FROM orch8.block_outputs AS o
+     WHERE o.tenant_id = p_tenant_id AND o.instance_id = p_instance_id
+       AND o.block_id = p_block_id
+     ORDER BY o.seq DESC LIMIT 1;
+    IF v_last.sentinel = '__in_progress__' AND v_last.attempt = p_attempt
+       AND v_last.lease_token = p_lease_token THEN
+        RETURN orch8.effect_outcome_of(
+            'dispatched', orch8.load_effect_receipt(p_tenant_id, v_last.effect_id),
+            'repeated begin under the same lease');
+    END IF;
     v_out := orch8.begin_effect(p_tenant_id, p_instance_id, p_block_id, p_handler, p_params,
                                 p_attempt);
     IF v_out.outcome IS NULL THEN
@@ -25,22 +38,23 @@ BEGIN
     END IF;
     IF v_out.outcome = 'dispatched' THEN
         INSERT INTO orch8.block_outputs (
-            tenant_id, instance_id, block_id, attempt, sentinel, effect_id
+            tenant_id, instance_id, block_id, attempt, sentinel, effect_id, lease_token
         ) VALUES (
             p_tenant_id, p_instance_id, p_block_id, p_attempt, '__in_progress__',
-            v_out.effect_id
+            v_out.effect_id, p_lease_token
         );
         RETURN v_out;
     END IF;
     -- blocked, stale or duplicate: never retried. The trace begin_effect wrote stays.
     INSERT INTO orch8.block_outputs (
-        tenant_id, instance_id, block_id, attempt, sentinel, output, retryable, effect_id
+        tenant_id, instance_id, block_id, attempt, sentinel, output, retryable, effect_id,
+        lease_token
     ) VALUES (
         p_tenant_id, p_instance_id, p_block_id, p_attempt, '__error__',
         jsonb_build_object('outcome', v_out.outcome, 'effect_state', v_out.state,
                            'detail', v_out.detail, 'invariant_id', v_out.invariant_id,
                            'competing_effect_id', v_out.competing_effect_id),
-        false, v_out.effect_id
+        false, v_out.effect_id, p_lease_token
     );
     PERFORM orch8.transition_instance(
         p_tenant_id, p_instance_id, 'running', 'failed', 'runner',
@@ -57,7 +71,8 @@ COMMENT ON FUNCTION orch8.begin_step(text, uuid, uuid, text, text, jsonb, intege
 'dispatched append the __in_progress__ sentinel with the effect id. On blocked, stale or '
 'duplicate, append __error__ (retryable false) and fail the instance in the same '
 'transaction; the outcome is returned (never raised) so those writes persist. A pure '
-'handler returns a NULL outcome and writes nothing.';
+'handler returns a NULL outcome and writes nothing. Repeating the call under the same '
+'lease after a lost answer returns the same dispatched outcome.';
 
 CREATE OR REPLACE FUNCTION orch8.finish_step(
     p_tenant_id text,
@@ -82,6 +97,17 @@ BEGIN
         RAISE EXCEPTION 'finish_step result must be ok, error or not_applied, got %',
             coalesce(p_result, 'NULL') USING ERRCODE = 'O8008';
     END IF;
+    -- Already finished by this very claim (the answer was lost with the connection)?
+    IF EXISTS (
+        SELECT 1 FROM orch8.block_outputs AS o
+         WHERE o.tenant_id = p_tenant_id AND o.instance_id = p_instance_id
+           AND o.block_id = p_block_id AND o.attempt = p_attempt
+           AND o.lease_token = p_lease_token
+           AND o.sentinel IS DISTINCT FROM '__in_progress__'
+    ) THEN
+        RETURN (SELECT t.state FROM orch8.task_instances AS t
+                 WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id);
+    END IF;
     PERFORM orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
 
     IF p_effect_id IS NOT NULL THEN
@@ -97,12 +123,12 @@ BEGIN
             -- someone moved our receipt (an operator, a runner that took over): stop.
             INSERT INTO orch8.block_outputs (
                 tenant_id, instance_id, block_id, attempt, sentinel, output, retryable,
-                effect_id
+                effect_id, lease_token
             ) VALUES (
                 p_tenant_id, p_instance_id, p_block_id, p_attempt, '__error__',
                 jsonb_build_object('outcome', 'stale', 'effect_state', v_settled.state,
                                    'detail', v_settled.detail),
-                false, p_effect_id
+                false, p_effect_id, p_lease_token
             );
             PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running', 'failed',
                 'runner', format('EffectBlocked: %s', v_settled.detail));
@@ -112,10 +138,10 @@ BEGIN
 
     IF p_result = 'ok' THEN
         INSERT INTO orch8.block_outputs (
-            tenant_id, instance_id, block_id, attempt, output, effect_id
+            tenant_id, instance_id, block_id, attempt, output, effect_id, lease_token
         ) VALUES (
             p_tenant_id, p_instance_id, p_block_id, p_attempt, coalesce(p_output, 'null'),
-            p_effect_id
+            p_effect_id, p_lease_token
         );
         IF p_next_block IS NULL THEN
             PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running',
@@ -130,20 +156,22 @@ BEGIN
 
     IF p_retry_at IS NOT NULL THEN
         INSERT INTO orch8.block_outputs (
-            tenant_id, instance_id, block_id, attempt, sentinel, output, retryable, effect_id
+            tenant_id, instance_id, block_id, attempt, sentinel, output, retryable, effect_id,
+            lease_token
         ) VALUES (
             p_tenant_id, p_instance_id, p_block_id, p_attempt, '__retry__',
-            jsonb_build_object('error', p_error), true, p_effect_id
+            jsonb_build_object('error', p_error), true, p_effect_id, p_lease_token
         );
         PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running', 'scheduled',
                                           'runner', p_error, p_retry_at);
         RETURN 'scheduled';
     END IF;
     INSERT INTO orch8.block_outputs (
-        tenant_id, instance_id, block_id, attempt, sentinel, output, retryable, effect_id
+        tenant_id, instance_id, block_id, attempt, sentinel, output, retryable, effect_id,
+        lease_token
     ) VALUES (
         p_tenant_id, p_instance_id, p_block_id, p_attempt, '__error__',
-        jsonb_build_object('error', p_error), false, p_effect_id
+        jsonb_build_object('error', p_error), false, p_effect_id, p_lease_token
     );
     PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running', 'failed',
                                       'runner', p_error);
@@ -159,4 +187,5 @@ COMMENT ON FUNCTION orch8.finish_step(
 'abandon_effect_not_applied) and record the step: ok -> output row, then the next block '
 '(instance stays running) or completed; error with p_retry_at -> __retry__ and scheduled '
 'at p_retry_at; error without -> __error__ and failed. A receipt moved by someone else '
-'fails the instance (EffectBlocked). Returns the instance state.';
+'fails the instance (EffectBlocked). Returns the instance state. Repeating the call under '
+'the same lease after a lost answer changes nothing and returns the current state.';

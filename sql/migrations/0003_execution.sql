@@ -118,6 +118,10 @@ CREATE TRIGGER instance_transitions_append_only
 BEFORE UPDATE OR DELETE ON orch8.instance_transitions
 FOR EACH ROW EXECUTE FUNCTION orch8.refuse_history_rewrite();
 
+CREATE TRIGGER instance_transitions_no_truncate
+BEFORE TRUNCATE ON orch8.instance_transitions
+FOR EACH STATEMENT EXECUTE FUNCTION orch8.refuse_history_rewrite();
+
 CREATE TABLE orch8.block_outputs (
     tenant_id text NOT NULL,
     instance_id uuid NOT NULL,
@@ -129,6 +133,9 @@ CREATE TABLE orch8.block_outputs (
     output jsonb,
     retryable boolean,
     effect_id uuid,
+    -- the lease under which the row was written: lets a runner that lost the answer to
+    -- begin_step or finish_step repeat the call safely under the same lease
+    lease_token uuid,
     created_at timestamptz NOT NULL DEFAULT orch8.now(),
     PRIMARY KEY (tenant_id, instance_id, block_id, seq),
     FOREIGN KEY (tenant_id, instance_id) REFERENCES orch8.task_instances (tenant_id, id),
@@ -143,3 +150,7 @@ COMMENT ON TABLE orch8.block_outputs IS
 CREATE TRIGGER block_outputs_append_only
 BEFORE UPDATE OR DELETE ON orch8.block_outputs
 FOR EACH ROW EXECUTE FUNCTION orch8.refuse_history_rewrite();
+
+CREATE TRIGGER block_outputs_no_truncate
+BEFORE TRUNCATE ON orch8.block_outputs
+FOR EACH STATEMENT EXECUTE FUNCTION orch8.refuse_history_rewrite();
