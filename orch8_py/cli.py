@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import os
 import signal
 import sys
 import threading
@@ -15,6 +16,7 @@ from . import __version__, config, db, migrate
 from .embedded import EmbeddedPostgres
 from .errors import ConfigError, Orch8Error
 from .runner import Runner
+from .runner import Settings as RunnerSettings
 
 log = logging.getLogger("orch8")
 
@@ -72,6 +74,33 @@ def make_server(url: str, host: str, port: int, threads: int = 8):
         raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror})") from None
 
 
+def import_handler_modules(modules: list[str]) -> None:
+    """Import the modules that register custom handlers (--import, ORCH8_HANDLER_MODULES)."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            raise ConfigError(
+                f"cannot import handler module {name!r} ({type(exc).__name__}: {exc}); "
+                "check the name and that it is on PYTHONPATH"
+            ) from None
+
+
+def make_runner(url: str, settings: config.Settings) -> Runner:
+    return Runner(
+        url,
+        RunnerSettings(
+            concurrency=settings.concurrency,
+            lease=settings.lease,
+            heartbeat=settings.heartbeat,
+            poll_interval=settings.tick_interval,
+            grace=settings.grace,
+        ),
+    )
+
+
 def wait_for_signal(stop: threading.Event) -> None:
     def handler(signum, _frame):
         log.info("event=signal signal=%s", signal.Signals(signum).name)
@@ -84,11 +113,12 @@ def wait_for_signal(stop: threading.Event) -> None:
 
 
 def cmd_up(args, settings: config.Settings) -> int:
+    import_handler_modules(args.imports)
     with database(settings) as url:
         run_migrations(url)
         server = make_server(url, args.host, args.port)
         stop = threading.Event()
-        runner = Runner(url, settings.tick_interval)
+        runner = make_runner(url, settings)
         threads = [
             threading.Thread(target=runner.run, args=(stop,), name="runner"),
             threading.Thread(target=server.run, name="web", daemon=True),
@@ -109,10 +139,11 @@ def cmd_up(args, settings: config.Settings) -> int:
 
 
 def cmd_run(args, settings: config.Settings) -> int:
+    import_handler_modules(args.imports)
     with database(settings) as url:
         check_schema(url)
         stop = threading.Event()
-        runner = Runner(url, settings.tick_interval)
+        runner = make_runner(url, settings)
         t = threading.Thread(target=runner.run, args=(stop,), name="runner")
         t.start()
         say(f"orch8: runner started on {db.describe(url)}")
@@ -170,10 +201,24 @@ def parser(settings: config.Settings | None) -> argparse.ArgumentParser:
         sp.add_argument("--host", default=host, help=f"listen address (default {host})")
         sp.add_argument("--port", type=int, default=port, help=f"listen port (default {port})")
 
+    modules = [m for m in os.environ.get("ORCH8_HANDLER_MODULES", "").split(",") if m.strip()]
+
+    def import_flag(sp):
+        sp.add_argument(
+            "--import",
+            dest="imports",
+            action="append",
+            default=list(modules),
+            metavar="MODULE",
+            help="import a module that registers handlers (repeatable; ORCH8_HANDLER_MODULES)",
+        )
+
     up = sub.add_parser("up", help="run the engine and the operator service together")
     web_flags(up)
+    import_flag(up)
     up.set_defaults(func=cmd_up)
     run = sub.add_parser("run", help="run the engine runner only")
+    import_flag(run)
     run.set_defaults(func=cmd_run)
     serve = sub.add_parser("serve", help="run the operator service only (waitress)")
     web_flags(serve)

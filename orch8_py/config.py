@@ -19,6 +19,10 @@ class Settings:
     host: str
     port: int
     tick_interval: float
+    concurrency: int
+    lease: float
+    heartbeat: float
+    grace: float
 
     @property
     def embedded(self) -> bool:
@@ -50,10 +54,20 @@ def load() -> Settings:
     port = _number("ORCH8_PORT", DEFAULT_PORT, int)
     if port > 65535:
         raise ConfigError(f"ORCH8_PORT={port} is not a TCP port (1-65535)")
-    return Settings(
+    settings = Settings(
         database_url=url,
         data_dir=Path(data_dir).expanduser() if data_dir else default_data_dir(),
         host=os.environ.get("ORCH8_HOST") or DEFAULT_HOST,
         port=port,
         tick_interval=_number("ORCH8_TICK_INTERVAL", 0.1),
+        concurrency=_number("ORCH8_CONCURRENCY", 8, int),
+        lease=_number("ORCH8_LEASE_SECONDS", 30.0),
+        heartbeat=_number("ORCH8_HEARTBEAT_SECONDS", 10.0),
+        grace=_number("ORCH8_GRACE_SECONDS", 30.0),
     )
+    if settings.heartbeat >= settings.lease:
+        raise ConfigError(
+            f"ORCH8_HEARTBEAT_SECONDS ({settings.heartbeat:g}) must be shorter than "
+            f"ORCH8_LEASE_SECONDS ({settings.lease:g}), or leases expire between heartbeats"
+        )
+    return settings

@@ -54,7 +54,7 @@ def finish(conn, instance, token, effect_id, result, output=None, **kw):
                 result,
                 Jsonb(output or {}),
                 kw.get("error"),
-                kw.get("retry_at"),
+                kw.get("retry_in"),
                 kw.get("next_block"),
             ),
         ).fetchone()[0]
@@ -131,7 +131,7 @@ def test_retryable_error_marks_unknown_and_schedules_next_attempt(conn, claimed)
     instance, token = claimed
     _, first, _, _ = begin(conn, instance, token)
     state = finish(
-        conn, instance, token, first, "error", error="503", retry_at="2000-01-01T00:00:00Z"
+        conn, instance, token, first, "error", error="503", retry_in="0 seconds"
     )
     assert state == "scheduled"
     assert receipt_state(conn, first)[0] == "unknown"

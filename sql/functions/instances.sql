@@ -336,3 +336,56 @@ COMMENT ON FUNCTION orch8.append_block_output(
 ) IS
 'Append a block result (or a sentinel: __in_progress__, __retry__, __error__) for the '
 'lease holder; a stale token raises O8001 and nothing is written.';
+
+CREATE OR REPLACE FUNCTION orch8.instance_progress(p_tenant_id text, p_instance_id uuid)
+RETURNS jsonb
+LANGUAGE sql
+STABLE
+AS $$
+    SELECT coalesce(jsonb_object_agg(b.block_id, jsonb_build_object(
+        'attempt', b.attempt,
+        'sentinel', b.sentinel,
+        'output', (
+            SELECT o.output FROM orch8.block_outputs AS o
+            WHERE o.tenant_id = p_tenant_id AND o.instance_id = p_instance_id
+              AND o.block_id = b.block_id AND o.sentinel IS NULL
+            ORDER BY o.seq DESC LIMIT 1
+        )
+    )), '{}'::jsonb)
+    FROM (
+        SELECT DISTINCT ON (o.block_id) o.block_id, o.attempt, o.sentinel
+        FROM orch8.block_outputs AS o
+        WHERE o.tenant_id = p_tenant_id AND o.instance_id = p_instance_id
+        ORDER BY o.block_id, o.seq DESC
+    ) AS b
+$$;
+
+COMMENT ON FUNCTION orch8.instance_progress(text, uuid) IS
+'Per block of an instance: the latest row''s attempt and sentinel (what compute_attempt '
+'reads) and the latest real output, as {block_id: {attempt, sentinel, output}}.';
+
+CREATE OR REPLACE FUNCTION orch8.claim_work(
+    p_worker_id text, p_batch integer, p_lease interval DEFAULT '30 seconds'
+)
+RETURNS TABLE (
+    tenant_id text,
+    id uuid,
+    sequence_id uuid,
+    sequence_version integer,
+    context jsonb,
+    current_block text,
+    parent_instance_id uuid,
+    lease_token uuid,
+    progress jsonb
+)
+LANGUAGE sql
+AS $$
+    SELECT
+        c.tenant_id, c.id, c.sequence_id, c.sequence_version, c.context, c.current_block,
+        c.parent_instance_id, c.lease_token, orch8.instance_progress(c.tenant_id, c.id)
+    FROM orch8.claim_due_instances(p_worker_id, p_batch, p_lease) AS c
+$$;
+
+COMMENT ON FUNCTION orch8.claim_work(text, integer, interval) IS
+'The runner''s claim: claim_due_instances plus each instance''s progress, so a batch '
+'costs one round trip and the steps that follow need no further reads.';

@@ -84,7 +84,7 @@ CREATE OR REPLACE FUNCTION orch8.finish_step(
     p_result text,
     p_output jsonb,
     p_error text DEFAULT NULL,
-    p_retry_at timestamptz DEFAULT NULL,
+    p_retry_in interval DEFAULT NULL,
     p_next_block text DEFAULT NULL
 )
 RETURNS orch8.instance_state
@@ -154,7 +154,7 @@ BEGIN
         RETURN 'running';
     END IF;
 
-    IF p_retry_at IS NOT NULL THEN
+    IF p_retry_in IS NOT NULL THEN
         INSERT INTO orch8.block_outputs (
             tenant_id, instance_id, block_id, attempt, sentinel, output, retryable, effect_id,
             lease_token
@@ -163,7 +163,7 @@ BEGIN
             jsonb_build_object('error', p_error), true, p_effect_id, p_lease_token
         );
         PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running', 'scheduled',
-                                          'runner', p_error, p_retry_at);
+                                          'runner', p_error, orch8.now() + p_retry_in);
         RETURN 'scheduled';
     END IF;
     INSERT INTO orch8.block_outputs (
@@ -180,12 +180,12 @@ END
 $$;
 
 COMMENT ON FUNCTION orch8.finish_step(
-    text, uuid, uuid, text, integer, uuid, text, jsonb, text, timestamptz, text
+    text, uuid, uuid, text, integer, uuid, text, jsonb, text, interval, text
 ) IS
 'After a handler returns, in one transaction, fenced by the lease (O8001): settle the '
 'receipt (ok: commit_effect; error: mark_effect_unknown; not_applied: '
 'abandon_effect_not_applied) and record the step: ok -> output row, then the next block '
-'(instance stays running) or completed; error with p_retry_at -> __retry__ and scheduled '
-'at p_retry_at; error without -> __error__ and failed. A receipt moved by someone else '
+'(instance stays running) or completed; error with p_retry_in -> __retry__ and scheduled '
+'p_retry_in from now; error without -> __error__ and failed. A receipt moved by someone else '
 'fails the instance (EffectBlocked). Returns the instance state. Repeating the call under '
 'the same lease after a lost answer changes nothing and returns the current state.';

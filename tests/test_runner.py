@@ -1,0 +1,253 @@
+"""The runner in-process against a real PostgreSQL: steps, templates, retries, failures,
+and the two-round-trip budget of a guarded step."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from orch8_py.handlers import StepError, handler
+from orch8_py.runner import Runner, Settings
+
+TENANT = "t1"
+CALLS: list[tuple] = []
+FAIL_FIRST: dict[str, int] = {}
+
+
+@handler("test.charge")
+def charge(params, ctx):
+    CALLS.append((ctx.instance_id, ctx.block_id, ctx.attempt, ctx.effect_id, params))
+    remaining = FAIL_FIRST.get(str(ctx.instance_id), 0)
+    if remaining:
+        FAIL_FIRST[str(ctx.instance_id)] = remaining - 1
+        raise StepError("provider said 503", code="503")
+    return {"receipt_id": f"r-{ctx.block_id}-{ctx.attempt}", "amount": params.get("amount")}
+
+
+@handler("test.permanent")
+def permanent(params, ctx):
+    raise StepError("card declined", code="card_declined")
+
+
+def make_sequence(conn, blocks, name=None):
+    return conn.execute(
+        "INSERT INTO orch8.sequences (tenant_id, name, version, definition)"
+        " VALUES (%s, %s, 1, %s) RETURNING id",
+        (TENANT, name or f"s{uuid.uuid4().hex[:8]}", Jsonb({"blocks": blocks})),
+    ).fetchone()[0]
+
+
+def start(conn, seq, data):
+    return conn.execute(
+        "SELECT id FROM orch8.create_instance(%s, %s, %s)", (TENANT, seq, Jsonb(data))
+    ).fetchone()[0]
+
+
+@pytest.fixture
+def runner(db_url):
+    r = Runner(db_url, Settings(concurrency=4, lease=30, heartbeat=5, poll_interval=0.05, grace=5))
+    stop = threading.Event()
+    t = threading.Thread(target=r.run, args=(stop,), daemon=True)
+    t.start()
+    yield r
+    stop.set()
+    t.join(timeout=15)
+    assert not t.is_alive()
+
+
+def wait_for(conn, instances, states=("completed", "failed"), timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = conn.execute(
+            "SELECT id, state::text, error FROM orch8.task_instances WHERE id = ANY(%s)",
+            (list(instances),),
+        ).fetchall()
+        if all(state in states for _, state, _ in rows) and len(rows) == len(instances):
+            return {i: (s, e) for i, s, e in rows}
+        time.sleep(0.05)
+    raise AssertionError(f"instances did not finish: {rows}")
+
+
+def test_three_steps_with_templates_complete(conn, runner):
+    seq = make_sequence(
+        conn,
+        [
+            {
+                "type": "step",
+                "id": "charge",
+                "handler": "test.charge",
+                "params": {"amount": "{{ data.amount }}", "note": "order {{ data.order }}"},
+            },
+            {"type": "step", "id": "log", "handler": "noop"},
+            {
+                "type": "step",
+                "id": "confirm",
+                "handler": "test.charge",
+                "params": {
+                    "amount": "{{ outputs.charge.amount }}",
+                    "ref": "{{ outputs.charge.receipt_id }}",
+                },
+            },
+        ],
+    )
+    ids = [start(conn, seq, {"amount": 100 + i, "order": i}) for i in range(10)]
+    assert set(wait_for(conn, ids).values()) == {("completed", None)}
+    receipts = conn.execute(
+        "SELECT block_id, state::text, provider_receipt_id, id FROM orch8.effect_receipts"
+        " WHERE instance_id = %s ORDER BY created_at, block_id",
+        (ids[0],),
+    ).fetchall()
+    assert [(b, s, p) for b, s, p, _ in receipts] == [
+        ("charge", "committed", "r-charge-0"),
+        ("confirm", "committed", "r-confirm-0"),
+    ]
+    calls = [c for c in CALLS if c[0] == ids[0]]
+    assert calls[0][4] == {"amount": 100, "note": "order 0"}  # a lone placeholder keeps its type
+    assert calls[1][4] == {"amount": 100, "ref": "r-charge-0"}
+    assert {c[3] for c in calls} == {r[3] for r in receipts}  # handlers got their effect ids
+    noop_receipts = conn.execute(
+        "SELECT count(*) FROM orch8.effect_receipts WHERE block_id = 'log'"
+    ).fetchone()[0]
+    assert noop_receipts == 0
+
+
+def test_retryable_error_then_success(conn, runner):
+    seq = make_sequence(
+        conn,
+        [
+            {
+                "type": "step",
+                "id": "charge",
+                "handler": "test.charge",
+                "params": {"amount": 1},
+                "retry": {"max_attempts": 3, "initial_backoff": 10, "max_backoff": 20},
+            }
+        ],
+    )
+    instance = start(conn, seq, {})
+    FAIL_FIRST[str(instance)] = 1
+    assert wait_for(conn, [instance])[instance] == ("completed", None)
+    receipts = conn.execute(
+        "SELECT attempt, state::text FROM orch8.effect_receipts WHERE instance_id = %s"
+        " ORDER BY attempt",
+        (instance,),
+    ).fetchall()
+    assert receipts == [(0, "unknown"), (1, "committed")]
+    sentinels = conn.execute(
+        "SELECT coalesce(sentinel, 'output') FROM orch8.block_outputs WHERE instance_id = %s"
+        " ORDER BY seq",
+        (instance,),
+    ).fetchall()
+    assert [s for (s,) in sentinels] == [
+        "__in_progress__",
+        "__retry__",
+        "__in_progress__",
+        "output",
+    ]
+
+
+def test_non_retryable_code_and_exhausted_attempts_fail(conn, runner):
+    seq = make_sequence(
+        conn,
+        [
+            {
+                "type": "step",
+                "id": "charge",
+                "handler": "test.permanent",
+                "retry": {
+                    "max_attempts": 5,
+                    "initial_backoff": 10,
+                    "non_retryable_codes": ["card_declined"],
+                },
+            }
+        ],
+    )
+    declined = start(conn, seq, {})
+    seq2 = make_sequence(
+        conn,
+        [
+            {
+                "type": "step",
+                "id": "charge",
+                "handler": "test.charge",
+                "retry": {"max_attempts": 2, "initial_backoff": 10, "max_backoff": 10},
+            }
+        ],
+    )
+    exhausted = start(conn, seq2, {})
+    FAIL_FIRST[str(exhausted)] = 5
+    states = wait_for(conn, [declined, exhausted])
+    assert states[declined] == ("failed", "card declined")
+    assert states[exhausted] == ("failed", "provider said 503")
+    attempts = conn.execute(
+        "SELECT count(*) FROM orch8.effect_receipts WHERE instance_id = %s", (exhausted,)
+    ).fetchone()[0]
+    assert attempts == 2
+
+
+def test_unregistered_handler_and_bad_template_fail_clearly(conn, runner):
+    seq = make_sequence(conn, [{"type": "step", "id": "a", "handler": "nobody.registered.this"}])
+    seq2 = make_sequence(
+        conn,
+        [{"type": "step", "id": "a", "handler": "test.charge", "params": {"x": "{{ data.nope }}"}}],
+    )
+    a, b = start(conn, seq, {}), start(conn, seq2, {})
+    states = wait_for(conn, [a, b])
+    assert states[a][0] == "failed" and "'nobody.registered.this' is not registered" in states[a][1]
+    assert states[b][0] == "failed" and "data.nope not found" in states[b][1]
+    # nothing was dispatched for either
+    n = conn.execute(
+        "SELECT count(*) FROM orch8.effect_receipts WHERE instance_id = ANY(%s)", ([a, b],)
+    ).fetchone()[0]
+    assert n == 0
+
+
+def test_idle_runner_picks_up_new_work_quickly(conn, runner):
+    seq = make_sequence(conn, [{"type": "step", "id": "a", "handler": "noop"}])
+    time.sleep(0.3)  # let the runner go idle
+    delays = []
+    for _ in range(5):
+        instance = start(conn, seq, {})
+        wait_for(conn, [instance])
+        created, claimed = conn.execute(
+            "SELECT min(at) FILTER (WHERE to_state = 'scheduled'),"
+            " min(at) FILTER (WHERE to_state = 'running')"
+            " FROM orch8.instance_transitions WHERE instance_id = %s",
+            (instance,),
+        ).fetchone()
+        delays.append((claimed - created).total_seconds())
+    delays.sort()
+    assert delays[len(delays) // 2] < 0.1, delays
+
+
+def test_guarded_step_costs_two_round_trips(db_url, conn):
+    seq = make_sequence(
+        conn, [{"type": "step", "id": f"s{i}", "handler": "test.charge"} for i in range(3)]
+    )
+    instance = start(conn, seq, {})
+    r = Runner(db_url, Settings(concurrency=1))
+    r.pool.open(wait=True)
+    try:
+        r._load_pure_handlers()
+        r.definition(TENANT, seq)
+        [row] = r.claim(1)
+        before = r.round_trips
+        r._run_instance(row)
+        assert r.round_trips - before == 3 * 2  # begin_step + finish_step per step
+    finally:
+        r.pool.close()
+        r.handler_pool.shutdown()
+    state = conn.execute("SELECT state::text FROM orch8.task_instances WHERE id = %s", (instance,))
+    assert state.fetchone()[0] == "completed"
+    with psycopg.connect(db_url) as check:
+        n = check.execute(
+            "SELECT count(*) FROM orch8.effect_receipts"
+            " WHERE instance_id = %s AND state = 'committed'",
+            (instance,),
+        ).fetchone()[0]
+    assert n == 3
