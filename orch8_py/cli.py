@@ -12,7 +12,7 @@ import threading
 import warnings
 from contextlib import contextmanager
 
-from . import __version__, config, db, migrate
+from . import __version__, cli_ops, config, db, migrate
 from .embedded import EmbeddedPostgres
 from .errors import ConfigError, Orch8Error
 from .runner import Runner
@@ -26,7 +26,7 @@ def say(msg: str) -> None:
 
 
 @contextmanager
-def database(settings: config.Settings):
+def database(settings: config.Settings, quiet: bool = False):
     """Yield the database URL: ORCH8_DATABASE_URL, or the embedded server (stopped after,
     if this process started it)."""
     if settings.database_url:
@@ -35,8 +35,9 @@ def database(settings: config.Settings):
         return
     server = EmbeddedPostgres(settings.data_dir)
     url = server.start()
-    verb = "started" if server.started_here else "reusing running"
-    say(f"orch8: {verb} embedded PostgreSQL, data in {server.pgdata}")
+    if not quiet:
+        verb = "started" if server.started_here else "reusing running"
+        say(f"orch8: {verb} embedded PostgreSQL, data in {server.pgdata}")
     try:
         yield url
     finally:
@@ -224,6 +225,7 @@ def parser(settings: config.Settings | None) -> argparse.ArgumentParser:
     web_flags(serve)
     serve.add_argument("--threads", type=int, default=8, help="worker threads (default 8)")
     serve.set_defaults(func=cmd_serve)
+    cli_ops.add_parsers(sub)
     dbp = sub.add_parser("db", help="database schema commands")
     dbsub = dbp.add_subparsers(dest="db_command", required=True, metavar="COMMAND")
     dbsub.add_parser("migrate", help="apply pending migrations").set_defaults(func=cmd_db_migrate)
@@ -244,6 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         args = parser(settings).parse_args(argv)
         if hasattr(args, "port") and not 0 < args.port < 65536:
             raise ConfigError(f"--port {args.port} is not a TCP port (1-65535)")
+        if hasattr(args, "db_func"):
+            with database(settings, quiet=True) as url:
+                check_schema(url)
+                return args.db_func(args, url)
         return args.func(args, settings)
     except Orch8Error as exc:
         print(f"orch8: error: {exc}", file=sys.stderr, flush=True)
