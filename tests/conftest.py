@@ -6,6 +6,7 @@ import psycopg
 import pytest
 
 from tests import pgserver
+from tests.http_provider import provider  # noqa: F401  (a fixture for every test module)
 
 
 @pytest.fixture(scope="session")

@@ -3,18 +3,15 @@ and the two-round-trip budget of a guarded step."""
 
 from __future__ import annotations
 
-import threading
 import time
-import uuid
 
 import psycopg
 import pytest
-from psycopg.types.json import Jsonb
 
 from orch8_py.handlers import StepError, handler
 from orch8_py.runner import Runner, Settings
+from tests.runner_helpers import TENANT, make_sequence, running, start, wait_for
 
-TENANT = "t1"
 CALLS: list[tuple] = []
 FAIL_FIRST: dict[str, int] = {}
 
@@ -34,43 +31,10 @@ def permanent(params, ctx):
     raise StepError("card declined", code="card_declined")
 
 
-def make_sequence(conn, blocks, name=None):
-    return conn.execute(
-        "INSERT INTO orch8.sequences (tenant_id, name, version, definition)"
-        " VALUES (%s, %s, 1, %s) RETURNING id",
-        (TENANT, name or f"s{uuid.uuid4().hex[:8]}", Jsonb({"blocks": blocks})),
-    ).fetchone()[0]
-
-
-def start(conn, seq, data):
-    return conn.execute(
-        "SELECT id FROM orch8.create_instance(%s, %s, %s)", (TENANT, seq, Jsonb(data))
-    ).fetchone()[0]
-
-
 @pytest.fixture
 def runner(db_url):
-    r = Runner(db_url, Settings(concurrency=4, lease=30, heartbeat=5, poll_interval=0.05, grace=5))
-    stop = threading.Event()
-    t = threading.Thread(target=r.run, args=(stop,), daemon=True)
-    t.start()
-    yield r
-    stop.set()
-    t.join(timeout=15)
-    assert not t.is_alive()
-
-
-def wait_for(conn, instances, states=("completed", "failed"), timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        rows = conn.execute(
-            "SELECT id, state::text, error FROM orch8.task_instances WHERE id = ANY(%s)",
-            (list(instances),),
-        ).fetchall()
-        if all(state in states for _, state, _ in rows) and len(rows) == len(instances):
-            return {i: (s, e) for i, s, e in rows}
-        time.sleep(0.05)
-    raise AssertionError(f"instances did not finish: {rows}")
+    with running(db_url) as r:
+        yield r
 
 
 def test_three_steps_with_templates_complete(conn, runner):

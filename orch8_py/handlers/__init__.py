@@ -19,6 +19,7 @@ Register your own with the decorator::
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -84,11 +85,16 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-_loaded = False
+_loaded = threading.Event()
+_loading = threading.Lock()
 
 
 def _load_builtins() -> None:
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        from . import builtin  # noqa: F401  (registers the builtins)
+    # Runner threads ask at once: the first imports, the others wait for it to finish.
+    if _loaded.is_set():
+        return
+    with _loading:
+        if not _loaded.is_set():
+            from . import builtin  # noqa: F401  (registers the builtins)
+
+            _loaded.set()
