@@ -36,3 +36,7 @@ pytest: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+
+## bench: the baseline benchmark (docs/PERFORMANCE.md) against ORCH8_DATABASE_URL
+bench: $(STAMP)
+	$(BIN)/python -m bench.run_bench $(BENCH_ARGS)

@@ -97,7 +97,8 @@ class Runner:
 
     def _call(self, sql: str, args: tuple, *, fetch: str = "one") -> Any:
         with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            self.round_trips += 1
+            with self.lock:
+                self.round_trips += 1
             cur.execute(sql, args)
             return cur.fetchone() if fetch == "one" else cur.fetchall()
 
@@ -191,7 +192,9 @@ class Runner:
             for row in claimed:
                 with self.lock:
                     self.inflight[row["lease_token"]] = row
-                futures.add(workers.submit(self._run_instance, row))
+                future = workers.submit(self._run_instance, row)
+                future.add_done_callback(lambda _f: self.wake.set())  # a slot is free
+                futures.add(future)
             if claimed and len(claimed) == free:
                 continue  # more may be due: claim again at once
             self.wake.wait(s.poll_interval)
@@ -395,7 +398,8 @@ class Runner:
         )
         started = time.monotonic()
         result, output, error, code, retryable = self._invoke(fn, params, ctx, timeout)
-        self.steps_run += 1
+        with self.lock:
+            self.steps_run += 1
         fault_point("before_finish")
         retry_in = None
         if result != "ok":
