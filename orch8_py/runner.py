@@ -439,6 +439,8 @@ class Runner:
         except cf.TimeoutError:
             # the call may still complete: ambiguous, so the receipt becomes unknown
             return "error", {}, f"timed out after {timeout:g}s", "timeout", True
+        except StaleLease as exc:  # e.g. set_state found the lease gone
+            raise LeaseLost(str(exc)) from None
         except NotApplied as exc:
             return "not_applied", exc.evidence, str(exc), exc.code, exc.retryable
         except StepError as exc:

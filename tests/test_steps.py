@@ -130,9 +130,7 @@ def test_crash_after_dispatch_blocks_and_fails_durably(db_url, conn, claimed):
 def test_retryable_error_marks_unknown_and_schedules_next_attempt(conn, claimed):
     instance, token = claimed
     _, first, _, _ = begin(conn, instance, token)
-    state = finish(
-        conn, instance, token, first, "error", error="503", retry_in="0 seconds"
-    )
+    state = finish(conn, instance, token, first, "error", error="503", retry_in="0 seconds")
     assert state == "scheduled"
     assert receipt_state(conn, first)[0] == "unknown"
     attempt = conn.execute(

@@ -1,0 +1,382 @@
+"""The builtin step handlers. Importing this module registers them (see handlers/__init__).
+
+Pure (never get a receipt): noop, log, sleep, fail, assert, transform, set_state,
+get_state. Side-effecting (a receipt, and ``ctx.effect_id`` as the idempotency key):
+http_request, llm_call, tool_call. The names match orch8.builtin_handlers in SQL.
+docs/HANDLERS.md describes every parameter, output and error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from .. import expression
+from ..db import engine_errors
+from ..errors import InvalidInput
+from . import StepContext, StepError, handler
+from . import http as _http
+from .http import bad_params
+
+log = logging.getLogger("orch8.handlers")
+
+MAX_STATE_KEY_BYTES = 256
+MAX_STATE_VALUE_BYTES = 256 * 1024
+LOG_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
+_MISSING = object()
+
+
+def _params(params: Any) -> dict:
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise bad_params(f"params must be an object, not {type(params).__name__}")
+    return params
+
+
+def _number(params: dict, name: str, default: float) -> float:
+    value = params.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise bad_params(f"{name} must be a number")
+    return value
+
+
+def _config(ctx: StepContext) -> dict:
+    config = (ctx.context or {}).get("config") or {}
+    return config if isinstance(config, dict) else {}
+
+
+def expression_scope(ctx: StepContext) -> dict:
+    """The roots an expression sees: data, config, runtime (with attempt, ids), outputs."""
+    context = ctx.context or {}
+    runtime = dict(context.get("runtime") or {})
+    runtime.update(
+        attempt=ctx.attempt,
+        instance_id=str(ctx.instance_id),
+        block_id=ctx.block_id,
+        tenant_id=ctx.tenant_id,
+    )
+    return {
+        "data": context.get("data") or {},
+        "config": context.get("config") or {},
+        "runtime": runtime,
+        "outputs": ctx.outputs or {},
+    }
+
+
+def _kv(value: Any) -> str:
+    """One value of a key=value log line: bare when safe, else JSON-quoted."""
+    text = str(value)
+    return text if re.fullmatch(r"[\w.:/@+-]{1,200}", text) else json.dumps(text)
+
+
+# --- pure builtins ----------------------------------------------------------------------
+
+
+@handler("noop")
+def noop(params: dict, ctx: StepContext) -> dict:
+    return {}
+
+
+@handler("log")
+def log_(params: dict, ctx: StepContext) -> dict:
+    params = _params(params)
+    message = params.get("message", "")
+    if not isinstance(message, str):
+        message = json.dumps(message, separators=(",", ":"), default=str)
+    level_name = str(params.get("level", "info")).lower()
+    if level_name not in LOG_LEVELS:
+        raise bad_params(f"level must be one of {', '.join(sorted(LOG_LEVELS))}")
+    log.log(
+        LOG_LEVELS[level_name],
+        "event=step.log tenant=%s instance=%s block=%s attempt=%s level=%s message=%s",
+        _kv(ctx.tenant_id),
+        _kv(ctx.instance_id),
+        _kv(ctx.block_id),
+        ctx.attempt,
+        level_name,
+        json.dumps(message),
+    )
+    return {"message": message}
+
+
+@handler("sleep")
+def sleep(params: dict, ctx: StepContext) -> dict:
+    params = _params(params)
+    duration_ms = _number(params, "duration_ms", 100)
+    if duration_ms < 0:
+        raise bad_params("duration_ms must be >= 0")
+    if ctx.timeout and ctx.timeout > 0:
+        duration_ms = min(duration_ms, ctx.timeout * 1000.0)
+    time.sleep(duration_ms / 1000.0)
+    return {"slept_ms": round(duration_ms)}
+
+
+@handler("fail")
+def fail(params: dict, ctx: StepContext) -> dict:
+    params = _params(params)
+    message = str(params.get("message") or "step failed (fail handler)")
+    code = params.get("code")
+    retryable = params.get("retryable", True)
+    if not isinstance(retryable, bool):
+        raise bad_params("retryable must be true or false")
+    raise StepError(message, code=None if code is None else str(code), retryable=retryable)
+
+
+@handler("assert")
+def assert_(params: dict, ctx: StepContext) -> dict:
+    params = _params(params)
+    if "condition" not in params:
+        raise bad_params("assert needs a condition (an expression string or a boolean)")
+    condition = params["condition"]
+    if isinstance(condition, str):
+        passed = expression.truthy(expression.evaluate(condition, expression_scope(ctx)))
+    else:
+        passed = expression.truthy(condition)
+    if not passed:
+        message = params.get("message") or f"assertion failed: {condition}"
+        raise StepError(str(message), code="assertion_failed", retryable=False)
+    return {"passed": True}
+
+
+@handler("transform")
+def transform(params: dict, ctx: StepContext) -> dict:
+    params = _params(params)
+    has_expr, has_value = "expression" in params, "value" in params
+    if has_expr == has_value:
+        raise bad_params("transform needs exactly one of expression (a string) or value")
+    if has_value:
+        return {"result": params["value"]}
+    text = params["expression"]
+    if not isinstance(text, str):
+        raise bad_params("expression must be a string (use value for a literal)")
+    return {"result": expression.evaluate(text, expression_scope(ctx))}
+
+
+# --- instance state ---------------------------------------------------------------------
+
+
+class SqlInstanceState:
+    """ctx.state backed by orch8.set_instance_state / orch8.get_instance_state.
+
+    ``conn_factory()`` returns a context manager yielding a psycopg connection (for
+    example a psycopg_pool ConnectionPool's ``.connection``). Each call runs in its own
+    transaction. ``set`` is fenced by the lease token: a stale one raises
+    orch8_py.errors.StaleLease (SQLSTATE O8001).
+    """
+
+    def __init__(
+        self,
+        conn_factory: Callable[[], AbstractContextManager],
+        tenant_id: str,
+        instance_id: uuid.UUID | str,
+        lease_token: uuid.UUID | str,
+    ):
+        self.conn_factory = conn_factory
+        self.tenant_id = tenant_id
+        self.instance_id = instance_id
+        self.lease_token = lease_token
+
+    def get(self, key: str, default: Any = None) -> Any:
+        with self.conn_factory() as conn, engine_errors(), conn.transaction():
+            row = conn.execute(
+                "SELECT orch8.get_instance_state(%s, %s, %s)::text",
+                (self.tenant_id, self.instance_id, key),
+            ).fetchone()
+        if row is None or row[0] is None:
+            return default
+        return json.loads(row[0])
+
+    def set(self, key: str, value: Any) -> None:
+        from psycopg.types.json import Jsonb
+
+        with self.conn_factory() as conn, engine_errors(), conn.transaction():
+            conn.execute(
+                "SELECT orch8.set_instance_state(%s, %s, %s, %s, %s)",
+                (self.tenant_id, self.instance_id, self.lease_token, key, Jsonb(value)),
+            )
+
+
+def _state(ctx: StepContext):
+    if ctx.state is None:
+        raise StepError("no state store", code="no_state_store", retryable=False)
+    return ctx.state
+
+
+def _state_key(params: dict) -> str:
+    key = params.get("key")
+    if not isinstance(key, str) or not 1 <= len(key.encode()) <= MAX_STATE_KEY_BYTES:
+        raise bad_params(f"key must be a string of 1 to {MAX_STATE_KEY_BYTES} bytes")
+    return key
+
+
+@handler("set_state")
+def set_state(params: dict, ctx: StepContext) -> dict:
+    params = _params(params)
+    key = _state_key(params)
+    if "value" not in params:
+        raise bad_params("set_state needs a value (null is allowed)")
+    value = params["value"]
+    try:
+        size = len(json.dumps(value, allow_nan=False, separators=(",", ":")).encode())
+    except (TypeError, ValueError) as exc:
+        raise bad_params(f"value is not JSON: {exc}") from None
+    if size > MAX_STATE_VALUE_BYTES:
+        raise bad_params(f"value is {size} bytes, over the limit of {MAX_STATE_VALUE_BYTES}")
+    try:
+        _state(ctx).set(key, value)
+    except InvalidInput as exc:
+        raise StepError(str(exc), code="invalid_params", retryable=False) from None
+    return {"key": key, "value": value}
+
+
+@handler("get_state")
+def get_state(params: dict, ctx: StepContext) -> dict:
+    params = _params(params)
+    key = _state_key(params)
+    value = _state(ctx).get(key, _MISSING)
+    if value is _MISSING:
+        return {"key": key, "value": params.get("default"), "found": False}
+    return {"key": key, "value": value, "found": True}
+
+
+# --- side-effecting builtins ------------------------------------------------------------
+
+
+@handler("http_request")
+def http_request(params: dict, ctx: StepContext) -> dict:
+    params = _params(params)
+    method = params.get("method", "GET")
+    if not isinstance(method, str) or method.upper() not in _http.METHODS:
+        raise bad_params(f"method must be one of {', '.join(_http.METHODS)}")
+    method = method.upper()
+    if "json" in params and "body" in params:
+        raise bad_params("give json or body, not both")
+    body = params.get("body")
+    if body is not None and not isinstance(body, str):
+        raise bad_params("body must be a string (use json for structured data)")
+    resp = _http.send(
+        ctx,
+        method,
+        params.get("url"),
+        headers=_http.clean_headers(params.get("headers")),
+        json_body=params.get("json"),
+        content=body,
+        timeout=_http.timeout_seconds(params, ctx),
+        key=_http.idempotency_key(params, ctx),
+    )
+    out: dict[str, Any] = {"status": resp.status, "headers": resp.headers}
+    if resp.has_json:
+        out["json"] = resp.json
+    out["body"] = resp.body
+    if resp.truncated:
+        out["truncated"] = True
+    out.update(resp.receipts())
+    return out
+
+
+@handler("llm_call")
+def llm_call(params: dict, ctx: StepContext) -> dict:
+    params = _params(params)
+    config = _config(ctx)
+    if "api_key" in params:
+        raise bad_params(
+            "api_key is not accepted in params (they are stored and hashed); put the key in "
+            "the instance config and name it with api_key_config (default llm_api_key)"
+        )
+    base_url = params.get("base_url") or config.get("llm_base_url")
+    if not isinstance(base_url, str) or not base_url:
+        raise bad_params("llm_call needs base_url (or config.llm_base_url)")
+    model = params.get("model") or config.get("llm_model")
+    if not isinstance(model, str) or not model:
+        raise bad_params("llm_call needs a model")
+    messages = params.get("messages")
+    if (
+        not isinstance(messages, list)
+        or not messages
+        or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)
+    ):
+        raise bad_params("messages must be a non-empty list of {role, content} objects")
+    key_name = params.get("api_key_config", "llm_api_key")
+    if not isinstance(key_name, str):
+        raise bad_params("api_key_config must name a config key")
+    api_key = config.get(key_name)
+    if api_key is None and "api_key_config" in params:
+        raise bad_params(f"config has no {key_name!r} (named by api_key_config)")
+    if api_key is not None and not isinstance(api_key, str):
+        raise bad_params(f"config.{key_name} must be a string")
+
+    request: dict[str, Any] = {"model": model, "messages": messages}
+    for name in ("temperature", "max_tokens"):
+        if params.get(name) is not None:
+            request[name] = _number(params, name, 0)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    resp = _http.send(
+        ctx,
+        "POST",
+        base_url.rstrip("/") + "/chat/completions",
+        headers=headers,
+        json_body=request,
+        timeout=_http.timeout_seconds(params, ctx),
+        key=_http.idempotency_key(params, ctx),
+    )
+    data = resp.json if resp.has_json else None
+    try:
+        choice = data["choices"][0]
+        content = choice["message"].get("content")
+    except (TypeError, KeyError, IndexError, AttributeError):
+        raise StepError(
+            f"llm_call: HTTP {resp.status} without choices[0].message in the body: "
+            f"{resp.body[:200]!r}",
+            code="bad_response",
+        ) from None
+    out: dict[str, Any] = {
+        "content": content,
+        "usage": data.get("usage"),
+        "model": data.get("model") or model,
+        "finish_reason": choice.get("finish_reason") if isinstance(choice, dict) else None,
+    }
+    if isinstance(data.get("id"), str):
+        out["request_id"] = data["id"]
+    return out
+
+
+@handler("tool_call")
+def tool_call(params: dict, ctx: StepContext) -> dict:
+    params = _params(params)
+    tool = params.get("tool")
+    if not isinstance(tool, str) or not tool:
+        raise bad_params("tool_call needs tool (a name)")
+    arguments = params.get("arguments", {})
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        raise bad_params("arguments must be an object")
+    resp = _http.send(
+        ctx,
+        "POST",
+        params.get("url"),
+        headers=_http.clean_headers(params.get("headers")),
+        json_body={"tool": tool, "arguments": arguments},
+        timeout=_http.timeout_seconds(params, ctx),
+        key=_http.idempotency_key(params, ctx),
+    )
+    out: dict[str, Any] = {"status": resp.status}
+    if resp.has_json:
+        out["json"] = resp.json
+    else:
+        out["body"] = resp.body
+    out.update(resp.receipts())
+    return out

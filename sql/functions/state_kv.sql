@@ -1,0 +1,56 @@
+-- Repeatable: per-instance key-value state. Writes are fenced by the lease token like
+-- every other runner write; reads are not (a stale reader learns nothing it may act on).
+
+CREATE OR REPLACE FUNCTION orch8.set_instance_state(
+    p_tenant_id text,
+    p_instance_id uuid,
+    p_lease_token uuid,
+    p_key text,
+    p_value jsonb
+)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_value jsonb := coalesce(p_value, 'null'::jsonb);
+    v_limit integer := coalesce(
+        nullif(current_setting('orch8.max_state_value_bytes', true), '')::integer, 262144);
+BEGIN
+    PERFORM orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 256 THEN
+        RAISE EXCEPTION 'a state key is a string of 1 to 256 bytes' USING ERRCODE = 'O8008';
+    END IF;
+    IF octet_length(v_value::text) > v_limit THEN
+        RAISE EXCEPTION 'state value for key % is % bytes, over the limit of % bytes',
+            p_key, octet_length(v_value::text), v_limit
+            USING ERRCODE = 'O8008',
+                  HINT = 'store large payloads elsewhere and keep a reference '
+                         '(the limit is the setting orch8.max_state_value_bytes)';
+    END IF;
+    INSERT INTO orch8.instance_kv_state AS s (tenant_id, instance_id, key, value)
+    VALUES (p_tenant_id, p_instance_id, p_key, v_value)
+    ON CONFLICT (tenant_id, instance_id, key)
+    DO UPDATE SET value = excluded.value, updated_at = orch8.now();
+END
+$$;
+
+COMMENT ON FUNCTION orch8.set_instance_state(text, uuid, uuid, text, jsonb) IS
+'Upsert one key of an instance''s key-value state, for the lease holder: a stale token '
+'raises O8001 and nothing is written. A key is 1 to 256 bytes and a value at most '
+'orch8.max_state_value_bytes (default 262144), else O8008. SQL NULL is stored as JSON null.';
+
+CREATE OR REPLACE FUNCTION orch8.get_instance_state(
+    p_tenant_id text, p_instance_id uuid, p_key text
+)
+RETURNS jsonb
+LANGUAGE sql
+STABLE
+AS $$
+    SELECT s.value
+    FROM orch8.instance_kv_state AS s
+    WHERE s.tenant_id = p_tenant_id AND s.instance_id = p_instance_id AND s.key = p_key
+$$;
+
+COMMENT ON FUNCTION orch8.get_instance_state(text, uuid, text) IS
+'The value stored under p_key for the instance, or SQL NULL when the key was never set '
+'(a stored JSON null comes back as ''null''::jsonb). Not fenced: reads need no lease.';
