@@ -78,7 +78,10 @@ def make_server(url: str, host: str, port: int, threads: int = 8):
 def import_handler_modules(modules: list[str]) -> None:
     """Import the modules that register custom handlers (--import, ORCH8_HANDLER_MODULES)."""
     import importlib
+    import sys
 
+    if os.getcwd() not in sys.path:  # as `python -m` would: modules beside you import
+        sys.path.insert(0, os.getcwd())
     for name in modules:
         try:
             importlib.import_module(name)

@@ -51,6 +51,7 @@ class Settings:
     heartbeat: float = 10.0
     poll_interval: float = 0.1
     grace: float = 30.0
+    webhooks: bool = True  # also deliver the webhook outbox from this process
     worker_id: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
     )
@@ -166,6 +167,14 @@ class Runner:
             threading.Thread(target=self._listen, args=(stop,), name="listen", daemon=True),
             threading.Thread(target=self._heartbeat, args=(stop,), name="heartbeat", daemon=True),
         ]
+        deliverer = None
+        if s.webhooks:
+            from .webhooks import WebhookDeliverer
+
+            deliverer = WebhookDeliverer(self.url, f"{s.worker_id}:webhooks")
+            helpers.append(
+                threading.Thread(target=deliverer.run, args=(stop,), name="webhooks", daemon=True)
+            )
         for t in helpers:
             t.start()
         workers = cf.ThreadPoolExecutor(s.concurrency, thread_name_prefix="instance")
@@ -203,6 +212,8 @@ class Runner:
         stop.set()
         for t in helpers:
             t.join(timeout=5)
+        if deliverer is not None:
+            deliverer.close()
         self.handler_pool.shutdown(wait=False, cancel_futures=True)
         self.pool.close()
         log.info("event=runner.stop ticks=%d steps=%d", self.ticks, self.steps_run)
@@ -400,7 +411,8 @@ class Runner:
         result, output, error, code, retryable = self._invoke(fn, params, ctx, timeout)
         with self.lock:
             self.steps_run += 1
-        fault_point("before_finish")
+        if effect_id is not None:
+            fault_point("before_finish")
         retry_in = None
         if result != "ok":
             delay = RetryPolicy.from_block(block).next_delay(
@@ -465,7 +477,11 @@ def _builtin_module():
 
 
 def fault_point(name: str) -> None:
-    """Test hook: ORCH8_FAULT_POINT=<name> kills this process with SIGKILL right here."""
+    """Test hook: ORCH8_FAULT_POINT=<name> kills this process with SIGKILL right here.
+
+    after_dispatch: the receipt is dispatched, the handler has not run.
+    before_finish: the handler of a side-effecting step returned, nothing recorded yet.
+    """
     if os.environ.get("ORCH8_FAULT_POINT") == name:
         log.warning("event=fault_point name=%s action=SIGKILL", name)
         logging.shutdown()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 
@@ -106,3 +107,38 @@ def test_commit_guard_stops_the_second_identical_send(db_url, conn, provider):
         (instance,),
     ).fetchall()
     assert states == [("charge", "committed"), ("charge_again", "prepared")]
+
+
+def test_completion_and_failure_webhooks_are_delivered_signed(db_url, conn, provider):
+    from orch8_py.webhooks import verify
+
+    conn.execute(
+        "SELECT orch8.create_webhook_subscription('t1', %s, 'hush', %s)",
+        (provider.url + "/hook", ["instance.completed", "instance.failed"]),
+    )
+    ok_seq = make_sequence(conn, [{"type": "step", "id": "a", "handler": "noop"}])
+    bad_seq = make_sequence(
+        conn,
+        [
+            {
+                "type": "step",
+                "id": "a",
+                "handler": "fail",
+                "params": {"message": "no"},
+                "retry": {"max_attempts": 1},
+            }
+        ],
+    )
+    done, failed = start(conn, ok_seq), start(conn, bad_seq)
+    with running(db_url):
+        wait_for(conn, [done, failed])
+        deadline = time.monotonic() + 20
+        while len(provider.requests_to("/hook")) < 2:
+            assert time.monotonic() < deadline, "webhooks not delivered"
+            time.sleep(0.05)
+    events = {}
+    for r in provider.requests_to("/hook"):
+        h = r.headers
+        assert verify("hush", h["x-orch8-timestamp"], r.body, h["x-orch8-signature"])
+        events[r.json["instance_id"]] = r.json["event"]
+    assert events == {str(done): "instance.completed", str(failed): "instance.failed"}
