@@ -194,15 +194,31 @@ def test_guarded_step_costs_two_round_trips(db_url, conn):
         conn, [{"type": "step", "id": f"s{i}", "handler": "test.charge"} for i in range(3)]
     )
     instance = start(conn, seq, {})
+    executed = []
+
+    class CountingCursor(psycopg.Cursor):
+        """Counts every statement the driver sends, whoever asks for it."""
+
+        def execute(self, query, params=None, **kw):
+            executed.append(str(query)[:60])
+            return super().execute(query, params, **kw)
+
     r = Runner(db_url, Settings(concurrency=1))
+    r.pool.kwargs["cursor_factory"] = CountingCursor
     r.pool.open(wait=True)
     try:
         r._load_pure_handlers()
         r.definition(TENANT, seq)
         [row] = r.claim(1)
-        before = r.round_trips
+        before, executed_before = r.round_trips, len(executed)
         r._run_instance(row)
         assert r.round_trips - before == 3 * 2  # begin_step + finish_step per step
+        statements = executed[executed_before:]
+        assert len(statements) == 6, statements  # the driver agrees: six statements
+        assert [q.split("(")[0].split()[-1] for q in statements] == [
+            "orch8.begin_step",
+            "orch8.finish_step",
+        ] * 3
     finally:
         r.pool.close()
         r.handler_pool.shutdown()

@@ -176,3 +176,53 @@ def test_postgresql_restart_mid_run(provider_proc, tmp_path):
     finally:
         server.stop()
     assert Path(tmp_path / "pg").exists()
+
+
+def test_sigterm_drains_the_step_in_flight_and_hands_back_the_lease(
+    db_url, conn, provider_proc, tmp_path
+):
+    provider_proc.reply("/first", json={"receipt_id": "one"}, delay=1.5)
+    seq = make_sequence(
+        conn,
+        [
+            {
+                "type": "step",
+                "id": "first",
+                "handler": "http_request",
+                "params": {"method": "POST", "url": provider_proc.url + "/first"},
+            },
+            {
+                "type": "step",
+                "id": "second",
+                "handler": "http_request",
+                "params": {"method": "POST", "url": provider_proc.url + "/second"},
+            },
+        ],
+    )
+    instance = start(conn, seq, {})
+    proc = spawn_runner(db_url, tmp_path / "r.log", ORCH8_GRACE_SECONDS="20")
+    deadline = time.monotonic() + 30
+    while not provider_proc.requests_to("/first"):
+        assert time.monotonic() < deadline, (tmp_path / "r.log").read_text()
+        time.sleep(0.01)
+    started = time.monotonic()
+    assert stop(proc, signal.SIGTERM) == 0, (tmp_path / "r.log").read_text()
+    assert time.monotonic() - started < 15
+    row = conn.execute(
+        "SELECT state::text, lease_token, current_block FROM orch8.task_instances WHERE id = %s",
+        (instance,),
+    ).fetchone()
+    assert row == ("scheduled", None, "second")  # the step finished; the lease was handed back
+    receipt = conn.execute(
+        "SELECT state::text, provider_receipt_id FROM orch8.effect_receipts"
+        " WHERE instance_id = %s AND block_id = 'first'",
+        (instance,),
+    ).fetchone()
+    assert receipt == ("committed", "one")
+    assert provider_proc.requests_to("/second") == []
+    again = spawn_runner(db_url, tmp_path / "r2.log")
+    try:
+        assert wait_for(conn, [instance])[instance] == ("completed", None)
+    finally:
+        stop(again)
+    assert len(provider_proc.requests_to("/first")) == 1
