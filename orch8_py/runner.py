@@ -381,6 +381,9 @@ class Runner:
                 "SELECT * FROM orch8.begin_step(%s, %s, %s, %s, %s, %s, %s)",
                 (tenant, instance, row["lease_token"], block_id, name, Jsonb(params), attempt),
             )
+            if began["outcome"] == "stopped":  # paused or cancelled by an operator
+                log.info("event=step.stopped %s state=%s", where, began["detail"])
+                return began["detail"], None
             if began["outcome"] is not None and began["outcome"] != "dispatched":
                 log.warning(
                     "event=step.refused %s outcome=%s effect=%s state=%s detail=%r",

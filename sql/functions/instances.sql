@@ -87,20 +87,22 @@ AS $$
     ),
     reclaimed AS (
         UPDATE orch8.task_instances AS t
-        SET state = 'scheduled', lease_owner = NULL, lease_token = NULL,
+        -- a pause or cancel asked while it ran takes effect now
+        SET state = coalesce(t.requested_state, 'scheduled'), requested_state = NULL,
+            lease_owner = NULL, lease_token = NULL,
             lease_expires_at = NULL, next_fire_at = orch8.now(), updated_at = orch8.now()
         FROM expired AS e
         WHERE t.tenant_id = e.tenant_id AND t.id = e.id
           -- re-check under the row lock: same lease, still expired
           AND t.state = 'running' AND t.lease_token = e.lease_token
           AND t.lease_expires_at < orch8.now()
-        RETURNING t.tenant_id, t.id
+        RETURNING t.tenant_id, t.id, t.state
     ),
     audit AS (
         INSERT INTO orch8.instance_transitions (
             tenant_id, instance_id, from_state, to_state, actor, reason
         )
-        SELECT r.tenant_id, r.id, 'running', 'scheduled', 'lease-sweep', 'lease expired'
+        SELECT r.tenant_id, r.id, 'running', r.state, 'lease-sweep', 'lease expired'
         FROM reclaimed AS r
         RETURNING 1
     )
@@ -109,7 +111,8 @@ $$;
 
 COMMENT ON FUNCTION orch8.reclaim_expired_leases(integer) IS
 'Bounded sweep: up to p_limit running instances whose lease expired go back to scheduled '
-'(a CAS that re-checks token and expiry). Returns how many. claim_due_instances runs it.';
+'(or to the paused or cancelled state requested meanwhile), a CAS that re-checks token and '
+'expiry. Returns how many. claim_due_instances runs it.';
 
 CREATE OR REPLACE FUNCTION orch8.claim_due_instances(
     p_worker_id text, p_batch integer, p_lease interval DEFAULT '30 seconds'
@@ -228,6 +231,7 @@ BEGIN
                                      ELSE t.next_fire_at END),
         error = CASE WHEN p_next = 'failed' THEN p_reason
                      WHEN p_next = 'scheduled' THEN NULL ELSE t.error END,
+        requested_state = CASE WHEN p_next = 'running' THEN t.requested_state END,
         lease_owner = CASE WHEN p_next = 'running' THEN t.lease_owner END,
         lease_token = CASE WHEN p_next = 'running' THEN t.lease_token END,
         lease_expires_at = CASE WHEN p_next = 'running' THEN t.lease_expires_at END

@@ -2,6 +2,30 @@
 -- two round trips (begin_step before the handler, finish_step after it) besides the
 -- amortised claim. Both are fenced by the instance's lease token.
 
+CREATE OR REPLACE FUNCTION orch8.apply_requested_state(
+    p_tenant_id text, p_instance_id uuid, p_current orch8.instance_state
+)
+RETURNS orch8.instance_state
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_requested orch8.instance_state;
+BEGIN
+    SELECT t.requested_state INTO v_requested FROM orch8.task_instances AS t
+    WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id;
+    IF v_requested IS NULL THEN
+        RETURN p_current;
+    END IF;
+    PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, p_current, v_requested,
+                                      'operator', 'requested while running');
+    RETURN v_requested;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.apply_requested_state(text, uuid, orch8.instance_state) IS
+'At a step boundary: move a running instance to the paused or cancelled state an operator '
+'requested meanwhile; returns the resulting state (p_current when nothing was requested).';
+
 CREATE OR REPLACE FUNCTION orch8.begin_step(
     p_tenant_id text,
     p_instance_id uuid,
@@ -17,8 +41,9 @@ AS $$
 DECLARE
     v_out orch8.effect_outcome;
     v_last orch8.block_outputs;
+    v_inst orch8.task_instances;
 BEGIN
-    PERFORM orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
+    v_inst := orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
     -- The same claim asking again (its first answer was lost with the connection): the
     -- handler has not run, since the runner only calls it after this answer.
     SELECT * INTO v_last FROM orch8.block_outputs AS o
@@ -30,6 +55,12 @@ BEGIN
         RETURN orch8.effect_outcome_of(
             'dispatched', orch8.load_effect_receipt(p_tenant_id, v_last.effect_id),
             'repeated begin under the same lease');
+    END IF;
+    IF v_inst.requested_state IS NOT NULL THEN  -- paused or cancelled by an operator
+        PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running',
+            v_inst.requested_state, 'operator', 'requested while running');
+        RETURN ROW('stopped', NULL, NULL, NULL, p_block_id, p_attempt, NULL, NULL,
+                   v_inst.requested_state::text)::orch8.effect_outcome;
     END IF;
     v_out := orch8.begin_effect(p_tenant_id, p_instance_id, p_block_id, p_handler, p_params,
                                 p_attempt);
@@ -151,7 +182,7 @@ BEGIN
         UPDATE orch8.task_instances AS t
         SET current_block = p_next_block, updated_at = orch8.now()
         WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id;
-        RETURN 'running';
+        RETURN orch8.apply_requested_state(p_tenant_id, p_instance_id, 'running');
     END IF;
 
     IF p_retry_in IS NOT NULL THEN
@@ -162,6 +193,10 @@ BEGIN
             p_tenant_id, p_instance_id, p_block_id, p_attempt, '__retry__',
             jsonb_build_object('error', p_error), true, p_effect_id, p_lease_token
         );
+        IF orch8.apply_requested_state(p_tenant_id, p_instance_id, 'running') <> 'running' THEN
+            RETURN (SELECT t.state FROM orch8.task_instances AS t
+                    WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id);
+        END IF;
         PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running', 'scheduled',
                                           'runner', p_error, orch8.now() + p_retry_in);
         RETURN 'scheduled';

@@ -45,7 +45,7 @@ AS $$
         )
         WHEN 'waiting' THEN p_to IN ('scheduled', 'paused', 'failed', 'cancelled')
         WHEN 'paused' THEN p_to IN ('scheduled', 'cancelled')
-        WHEN 'failed' THEN p_to = 'scheduled'
+        WHEN 'failed' THEN p_to IN ('scheduled', 'completed')
         ELSE false
     END
 $$;
@@ -53,8 +53,8 @@ $$;
 COMMENT ON FUNCTION orch8.instance_can_transition(orch8.instance_state, orch8.instance_state) IS
 'The instance transition table: scheduled->running|paused|cancelled; running->scheduled|'
 'waiting|paused|completed|failed|cancelled; waiting->scheduled|paused|failed|cancelled; '
-'paused->scheduled|cancelled; failed->scheduled (operator retry). completed and cancelled '
-'are final.';
+'paused->scheduled|cancelled; failed->scheduled|completed (operator retry, completed when '
+'the last step is settled from evidence). completed and cancelled are final.';
 
 CREATE TABLE orch8.task_instances (
     tenant_id text NOT NULL,
