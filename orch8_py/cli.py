@@ -12,7 +12,7 @@ import threading
 import warnings
 from contextlib import contextmanager
 
-from . import __version__, cli_ops, config, db, migrate
+from . import __version__, cli_ops, config, db, demo, metrics, migrate
 from .embedded import EmbeddedPostgres
 from .errors import ConfigError, Orch8Error
 from .runner import Runner
@@ -146,11 +146,15 @@ def cmd_run(args, settings: config.Settings) -> int:
     import_handler_modules(args.imports)
     with database(settings) as url:
         check_schema(url)
+        exporter = metrics.serve_from_env()
         stop = threading.Event()
         runner = make_runner(url, settings)
         t = threading.Thread(target=runner.run, args=(stop,), name="runner")
         t.start()
         say(f"orch8: runner started on {db.describe(url)}")
+        if exporter is not None:
+            host, port = exporter[0].server_address[:2]
+            say(f"orch8: runner metrics on http://{host}:{port}/metrics")
         try:
             wait_for_signal(stop)
         finally:
@@ -229,6 +233,12 @@ def parser(settings: config.Settings | None) -> argparse.ArgumentParser:
     serve.add_argument("--threads", type=int, default=8, help="worker threads (default 8)")
     serve.set_defaults(func=cmd_serve)
     cli_ops.add_parsers(sub)
+    dp = sub.add_parser(
+        "demo",
+        help="run a checkout on a fake payment provider, crash one order, show how to resolve it",
+    )
+    demo.add_arguments(dp)
+    dp.set_defaults(func=demo.main)
     dbp = sub.add_parser("db", help="database schema commands")
     dbsub = dbp.add_subparsers(dest="db_command", required=True, metavar="COMMAND")
     dbsub.add_parser("migrate", help="apply pending migrations").set_defaults(func=cmd_db_migrate)

@@ -32,6 +32,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from . import handlers as registry
+from . import metrics
 from .errors import StaleLease
 from .handlers import NotApplied, StepContext, StepError
 from .retry import RetryPolicy
@@ -190,6 +191,7 @@ class Runner:
                     if self.pure_handlers is None:
                         self._load_pure_handlers()
                     claimed = self.claim(free)
+                    metrics.claimed(len(claimed))
                     backoff = 0.1
                 except CONNECTION_ERRORS as exc:
                     log.warning(
@@ -273,6 +275,7 @@ class Runner:
         try:
             self._steps(row)
         except LeaseLost as exc:
+            metrics.lease_lost()
             log.info(
                 "event=instance.lease_lost tenant=%s instance=%s reason=%r",
                 row["tenant_id"],
@@ -410,6 +413,7 @@ class Runner:
             timeout=timeout,
             state=self._state_store(row),
         )
+        metrics.step_started(name, effect_id is not None)
         started = time.monotonic()
         result, output, error, code, retryable = self._invoke(fn, params, ctx, timeout)
         with self.lock:
@@ -433,6 +437,7 @@ class Runner:
             retry_in=retry_in,
             next_block=next_block,
         )
+        metrics.step_finished(name, result, state, time.monotonic() - started)
         log.info(
             "event=step.done %s handler=%s effect=%s result=%s state=%s ms=%d%s",
             where,

@@ -6,6 +6,7 @@ from flask import Flask
 from psycopg_pool import ConnectionPool
 
 from .health import bp as health_bp
+from .metrics import bp as metrics_bp
 
 
 def create_app(database_url: str) -> Flask:
@@ -19,4 +20,5 @@ def create_app(database_url: str) -> Flask:
         kwargs={"autocommit": True, "connect_timeout": 5},
     )
     app.register_blueprint(health_bp)
+    app.register_blueprint(metrics_bp)
     return app

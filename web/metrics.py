@@ -1,0 +1,199 @@
+"""GET /metrics: Prometheus text for scrapers.
+
+Two sources in one answer:
+- the process-local runner metrics of ``orch8_py.metrics.REGISTRY`` (steps, durations,
+  claim batches, lost leases): non-zero only when a runner runs in this process
+  (``orch8 up``);
+- gauges read from the database at scrape time, in one statement (one round trip,
+  pipelined with its statement timeout): the unresolved-effects queue by tenant, kind
+  and state with the age of its oldest receipt, instances by state, the webhook outbox
+  by state, delivered webhooks and lease reclaims.
+
+If the database cannot be read the answer is still 200, with the process metrics and
+``orch8_database_up 0``. No API key: Prometheus scrapes this, and it exposes counts, not
+data. Keep it off the public internet all the same (bind to a private address, or
+filter ``/metrics`` at the proxy).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+
+import psycopg
+from flask import Blueprint, Response, current_app
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from orch8_py import metrics as process_metrics
+
+log = logging.getLogger("orch8.web.metrics")
+
+bp = Blueprint("metrics", __name__)
+
+POOL_TIMEOUT = 2.0  # seconds to wait for a connection before reporting the database down
+STATEMENT_TIMEOUT = "5s"  # the scrape query never holds a pool connection longer
+
+# Zero-filled per tenant, so a state that appears later has a series to compare against.
+INSTANCE_STATES = (
+    "scheduled",
+    "running",
+    "waiting",
+    "paused",
+    "completed",
+    "failed",
+    "cancelled",
+)
+OUTBOX_STATES = ("pending", "delivering", "delivered", "parked", "discarded")
+
+# One statement, small aggregates: (metric, tenant, kind, state, n, seconds).
+QUERY = """
+SELECT 'unresolved'::text AS metric, u.tenant_id AS tenant, u.kind, u.state::text AS state,
+       count(*) AS n, extract(epoch FROM max(u.age))::float8 AS seconds
+FROM orch8.unresolved_effects AS u
+GROUP BY u.tenant_id, u.kind, u.state
+UNION ALL
+SELECT 'instances', t.tenant_id, NULL, t.state::text, count(*), NULL
+FROM orch8.task_instances AS t
+GROUP BY t.tenant_id, t.state
+UNION ALL
+SELECT 'webhooks', w.tenant_id, NULL, w.state, count(*), NULL
+FROM orch8.webhook_outbox AS w
+GROUP BY w.tenant_id, w.state
+UNION ALL
+SELECT 'lease_reclaims', NULL, NULL, NULL, count(*), NULL
+FROM orch8.instance_transitions AS x
+WHERE x.actor = 'lease-sweep'
+"""
+
+
+class ProcessMetrics:
+    """The runner's process-local registry, as one collector of the scrape registry."""
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield from process_metrics.REGISTRY.collect()
+
+
+class DatabaseMetrics:
+    """Gauges computed from the database at scrape time."""
+
+    def __init__(self, pool: ConnectionPool):
+        self.pool = pool
+
+    def describe(self) -> list[Metric]:
+        return []  # nothing is queried when the collector is registered
+
+    def query(self) -> list[tuple]:
+        if self.pool.closed:
+            self.pool.open(wait=False)
+        with self.pool.connection(timeout=POOL_TIMEOUT) as conn:
+            with conn.pipeline(), conn.transaction():
+                conn.execute(
+                    "SELECT set_config('statement_timeout', %s, true)", (STATEMENT_TIMEOUT,)
+                )
+                cur = conn.execute(QUERY)
+            return cur.fetchall()
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "orch8_database_up",
+            "1 when the metrics query read the database, 0 when it failed "
+            "(unreachable, schema missing or timed out: see the web service log).",
+        )
+        took = GaugeMetricFamily(
+            "orch8_database_query_seconds", "Time the database part of this scrape took."
+        )
+        started = time.monotonic()
+        try:
+            rows = self.query()
+        except (psycopg.Error, PoolTimeout) as exc:
+            log.warning("event=metrics.database_unavailable error=%r", str(exc)[:300])
+            up.add_metric([], 0)
+            took.add_metric([], time.monotonic() - started)
+            yield up
+            yield took
+            return
+        up.add_metric([], 1)
+        took.add_metric([], time.monotonic() - started)
+        yield up
+        yield took
+        yield from families(rows)
+
+
+def families(rows: list[tuple]) -> Iterator[Metric]:
+    """The metric families of the query's rows."""
+    unresolved = GaugeMetricFamily(
+        "orch8_unresolved_effects",
+        "Effect receipts waiting for an operator (orch8.unresolved_effects): unknown, or "
+        "dispatched for longer than orch8.dispatched_alert_after. Alert on its depth.",
+        labels=["tenant", "kind", "state"],
+    )
+    oldest = GaugeMetricFamily(
+        "orch8_unresolved_effect_oldest_age_seconds",
+        "Age (since the receipt was created) of the oldest unresolved effect receipt.",
+        labels=["tenant", "kind"],
+    )
+    instances = GaugeMetricFamily(
+        "orch8_instances", "Workflow instances by state.", labels=["tenant", "state"]
+    )
+    outbox = GaugeMetricFamily(
+        "orch8_webhook_outbox", "Webhook outbox rows by state.", labels=["tenant", "state"]
+    )
+    delivered = CounterMetricFamily(
+        "orch8_webhook_deliveries",
+        "Webhook deliveries confirmed by the receiver (outbox rows in state delivered).",
+        labels=["tenant"],
+    )
+    reclaims = CounterMetricFamily(
+        "orch8_lease_reclaims",
+        "Running instances whose lease expired and that the lease sweep handed back to "
+        "scheduled (instance_transitions with actor lease-sweep): a runner died or stalled.",
+    )
+    ages: dict[tuple[str, str], float] = {}
+    by_state: dict[str, dict[str, dict[str, int]]] = {
+        "instances": defaultdict(dict),
+        "webhooks": defaultdict(dict),
+    }
+    reclaimed = 0
+    for metric, tenant, kind, state, n, seconds in rows:
+        if metric == "unresolved":
+            unresolved.add_metric([tenant, kind, state], n)
+            key = (tenant, kind)
+            ages[key] = max(ages.get(key, 0.0), seconds or 0.0)
+        elif metric in by_state:
+            by_state[metric][tenant][state] = n
+        elif metric == "lease_reclaims":
+            reclaimed = n
+    for (tenant, kind), age in sorted(ages.items()):
+        oldest.add_metric([tenant, kind], age)
+    for family, states, counts in (
+        (instances, INSTANCE_STATES, by_state["instances"]),
+        (outbox, OUTBOX_STATES, by_state["webhooks"]),
+    ):
+        for tenant in sorted(counts):
+            for state in (*states, *sorted(set(counts[tenant]) - set(states))):
+                family.add_metric([tenant, state], counts[tenant].get(state, 0))
+    for tenant in sorted(by_state["webhooks"]):
+        delivered.add_metric([tenant], by_state["webhooks"][tenant].get("delivered", 0))
+    reclaims.add_metric([], reclaimed)
+    yield from (unresolved, oldest, instances, outbox, delivered, reclaims)
+
+
+def render(pool: ConnectionPool) -> bytes:
+    """The whole scrape: process metrics, then the database's."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ProcessMetrics())
+    registry.register(DatabaseMetrics(pool))
+    return generate_latest(registry)
+
+
+@bp.get("/metrics")
+def scrape():
+    body = render(current_app.extensions["orch8.pool"])
+    return Response(body, status=200, content_type=CONTENT_TYPE_LATEST)
