@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import os
+import secrets
+
 from flask import Flask
 from psycopg_pool import ConnectionPool
 
+from . import problems
 from .health import bp as health_bp
 from .metrics import bp as metrics_bp
 
+MAX_BODY_BYTES = 1024 * 1024
 
-def create_app(database_url: str) -> Flask:
+
+def create_app(database_url: str, *, secret_key: str | None = None) -> Flask:
     app = Flask(__name__)
+    # Signs the console's session cookie. Without ORCH8_SECRET_KEY a restart logs people out.
+    app.secret_key = secret_key or os.environ.get("ORCH8_SECRET_KEY") or secrets.token_hex(32)
+    app.config.update(
+        MAX_CONTENT_LENGTH=MAX_BODY_BYTES,
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Lax",
+        JSON_SORT_KEYS=False,
+    )
     # Opened lazily: the app starts (and /health/live answers) while PostgreSQL is down.
     app.extensions["orch8.pool"] = ConnectionPool(
         database_url,
@@ -19,6 +33,7 @@ def create_app(database_url: str) -> Flask:
         open=False,
         kwargs={"autocommit": True, "connect_timeout": 5},
     )
+    problems.install(app)
     app.register_blueprint(health_bp)
     app.register_blueprint(metrics_bp)
     return app
