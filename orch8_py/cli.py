@@ -116,10 +116,34 @@ def wait_for_signal(stop: threading.Event) -> None:
         pass
 
 
+def first_start_key(url: str, settings: config.Settings) -> None:
+    """On the first start (no API key at all), create an operator key for the default
+    tenant, print it once and keep a copy readable only by this user."""
+    from . import apikeys
+
+    with db.connect(url, autocommit=True) as conn:
+        if conn.execute("SELECT EXISTS (SELECT 1 FROM orch8.api_keys)").fetchone()[0]:
+            return
+        _key_id, secret = apikeys.create(conn, "default", "operator", "first-start")
+    path = settings.data_dir / "operator-key"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secret + "\n")
+        where = f"a copy is in {path} (mode 600)"
+    except OSError as exc:
+        where = f"no copy was saved ({exc.strerror}): note it now"
+    say(f"orch8: created an operator API key for tenant 'default'; {where}:")
+    say(f"orch8:   {secret}")
+    say("orch8: log in to the console with it, or send it as 'Authorization: Bearer <key>'")
+
+
 def cmd_up(args, settings: config.Settings) -> int:
     import_handler_modules(args.imports)
     with database(settings) as url:
         run_migrations(url)
+        first_start_key(url, settings)
         server = make_server(url, args.host, args.port)
         stop = threading.Event()
         runner = make_runner(url, settings)
@@ -130,7 +154,7 @@ def cmd_up(args, settings: config.Settings) -> int:
         for t in threads:
             t.start()
         say(f"orch8: database {db.describe(url)}")
-        say(f"orch8: operator service on http://{args.host}:{args.port}/ (Ctrl-C to stop)")
+        say(f"orch8: console on http://{args.host}:{args.port}/console/ (Ctrl-C to stop)")
         try:
             wait_for_signal(stop)
         finally:

@@ -177,7 +177,12 @@ def test_up_serves_ready_and_stops_everything(tmp_path, sig):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err
-    assert f"http://127.0.0.1:{port}/" in out and str(tmp_path / "pgdata") in out
+    assert f"http://127.0.0.1:{port}/console/" in out and str(tmp_path / "pgdata") in out
+    # the first start created an operator key, printed once and kept in the data dir
+    key_file = tmp_path / "operator-key"
+    secret = key_file.read_text().strip()
+    assert secret.startswith("o8_") and secret in out
+    assert oct(key_file.stat().st_mode & 0o777) == "0o600"
     assert "Traceback" not in err
     for _ in range(50):
         if not alive(pid):
