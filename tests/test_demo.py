@@ -17,7 +17,7 @@ from tests.cli_helpers import assert_one_line_error, orch8_env
 
 def run_demo(db_url: str, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "orch8_py.demo", "--no-wait", *args],
+        [sys.executable, "-m", "orch8_py", "demo", "--no-wait", *args],
         env=orch8_env(ORCH8_DATABASE_URL=db_url),
         stdin=subprocess.DEVNULL,
         capture_output=True,
