@@ -228,12 +228,18 @@ def test_rls_isolates_tenants_for_the_web_role(db_url, conn, seq):
         (Jsonb({"blocks": [{"type": "step", "id": "a", "handler": "noop"}]}),),
     ).fetchone()[0]
     theirs = start(conn, other_seq, tenant="other")
+    for tenant, instance in ((TENANT, mine), ("other", theirs)):  # an unknown receipt each
+        out = effects.begin_effect(conn, tenant, instance, "charge", "x.y", PARAMS, 0)
+        effects.mark_effect_unknown(conn, tenant, out.effect_id, "timeout")
     with psycopg.connect(db_url) as web:
         web.execute("SET ROLE orch8_web")
         assert web.execute("SELECT count(*) FROM orch8.task_instances").fetchone()[0] == 0
         web.execute("SELECT set_config('orch8.tenant_id', %s, true)", (TENANT,))
         ids = {r[0] for r in web.execute("SELECT id FROM orch8.task_instances")}
         assert ids == {mine}
+        # views apply the caller's policies too (security_invoker)
+        tenants = {r[0] for r in web.execute("SELECT tenant_id FROM orch8.unresolved_effects")}
+        assert tenants <= {TENANT}
         assert theirs not in ids
         # writes into another tenant are refused too
         with pytest.raises(psycopg.errors.InsufficientPrivilege):

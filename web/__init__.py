@@ -9,6 +9,7 @@ from flask import Flask
 from psycopg_pool import ConnectionPool
 
 from . import problems
+from .console import bp as console_bp
 from .health import bp as health_bp
 from .metrics import bp as metrics_bp
 
@@ -34,6 +35,10 @@ def create_app(database_url: str, *, secret_key: str | None = None) -> Flask:
         kwargs={"autocommit": True, "connect_timeout": 5},
     )
     problems.install(app)
+    from . import api
+
+    api.register(app)
+    app.register_blueprint(console_bp)
     app.register_blueprint(health_bp)
     app.register_blueprint(metrics_bp)
     return app

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import psycopg
 from flask import current_app, g
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 
 from orch8_py import db as engine_db
 
@@ -28,11 +28,14 @@ def tenant_tx(tenant: str | None = None) -> Iterator[psycopg.Connection]:
     tenant = tenant or g.tenant
     with pool().connection() as conn:
         conn.row_factory = dict_row
-        with conn.transaction(), engine_db.engine_errors():
-            # one round trip: the role and the tenant, both for this transaction only
-            conn.execute(
-                "SELECT set_config('role', 'orch8_web', true),"
-                " set_config('orch8.tenant_id', %s, true)",
-                (tenant,),
-            )
-            yield conn
+        try:
+            with conn.transaction(), engine_db.engine_errors():
+                # one round trip: the role and the tenant, both for this transaction only
+                conn.execute(
+                    "SELECT set_config('role', 'orch8_web', true),"
+                    " set_config('orch8.tenant_id', %s, true)",
+                    (tenant,),
+                )
+                yield conn
+        finally:
+            conn.row_factory = tuple_row  # the connection goes back to a shared pool

@@ -750,7 +750,8 @@ COMMENT ON FUNCTION orch8.resolve_effect(
 'row. Illegal move: O8004; not found: O8007; changed meanwhile (or not p_expected_state): '
 'O8002 "reload before resolving".';
 
-CREATE OR REPLACE VIEW orch8.unresolved_effects AS
+-- security_invoker: the caller's row-level security applies through the view
+CREATE OR REPLACE VIEW orch8.unresolved_effects WITH (security_invoker = true) AS
 SELECT
     r.tenant_id,
     r.id AS effect_id,

@@ -329,3 +329,20 @@ COMMENT ON FUNCTION orch8.retry_instance(text, uuid, text) IS
 'evidence and the workflow continues without sending again; abandoned, compensated, or no '
 'receipt -> the step runs again as a new attempt; dispatched or unknown -> O8006 naming '
 'the receipt to resolve first. Not failed: O8004.';
+
+CREATE OR REPLACE FUNCTION orch8.api_key_active(p_key_id uuid)
+RETURNS boolean
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM orch8.api_keys AS k WHERE k.id = p_key_id AND k.revoked_at IS NULL
+    )
+$$;
+
+COMMENT ON FUNCTION orch8.api_key_active(uuid) IS
+'Whether the key is still valid (not revoked): the console checks its session''s key on '
+'every request, so revoking a key ends its sessions. SECURITY DEFINER, like '
+'authenticate_api_key.';

@@ -87,6 +87,8 @@ BEGIN
                            'competing_effect_id', v_out.competing_effect_id),
         false, v_out.effect_id, p_lease_token
     );
+    UPDATE orch8.task_instances AS t SET current_block = p_block_id
+    WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id;
     PERFORM orch8.transition_instance(
         p_tenant_id, p_instance_id, 'running', 'failed', 'runner',
         format('%s: %s',
@@ -161,6 +163,8 @@ BEGIN
                                    'detail', v_settled.detail),
                 false, p_effect_id, p_lease_token
             );
+            UPDATE orch8.task_instances AS t SET current_block = p_block_id
+            WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id;
             PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running', 'failed',
                 'runner', format('EffectBlocked: %s', v_settled.detail));
             RETURN 'failed';
@@ -208,6 +212,8 @@ BEGIN
         p_tenant_id, p_instance_id, p_block_id, p_attempt, '__error__',
         jsonb_build_object('error', p_error), false, p_effect_id, p_lease_token
     );
+    UPDATE orch8.task_instances AS t SET current_block = p_block_id
+    WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id;
     PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running', 'failed',
                                       'runner', p_error);
     RETURN 'failed';

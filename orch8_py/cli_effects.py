@@ -1,0 +1,299 @@
+"""`orch8 effects unresolved|show|resolve`: the operator's queue of effects that may have
+happened, the evidence of one, and recording what the provider says
+(docs/CONTINUITY_OPERATIONS.md)."""
+
+from __future__ import annotations
+
+import json
+
+from psycopg.rows import dict_row
+
+from . import db, effects
+from .cli_ops import (
+    EXIT_OK,
+    check_limit,
+    command,
+    emit,
+    indent,
+    parse_duration,
+    parse_uuid,
+    table,
+    tenant_flag,
+    ts,
+)
+from .cli_ops import actor_of as _actor_of
+from .cli_ops import json_object as _json_object
+from .errors import NotFound
+
+KINDS = ("http", "model", "message", "storage", "custom", "worker")
+RESOLVE_STATES = ("committed", "verified", "abandoned", "compensated")
+
+
+@command
+def effects_unresolved(args, url: str) -> int:
+    limit = check_limit(args.limit)
+    older = parse_duration(args.older_than, "--older-than") if args.older_than else None
+    with db.connect(url, autocommit=True) as conn, conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            "SELECT effect_id, kind, state::text AS state, age, state_since, instance_id,"
+            " block_id, attempt, epoch, handler, idempotency_key, provider_receipt_id, error,"
+            " created_at"
+            " FROM orch8.unresolved_effects"
+            " WHERE tenant_id = %(tenant)s AND (%(kind)s::text IS NULL OR kind = %(kind)s)"
+            " AND (%(older)s::interval IS NULL OR age > %(older)s::interval)"
+            " ORDER BY created_at, effect_id LIMIT %(limit)s",
+            {"tenant": args.tenant, "kind": args.kind, "older": older, "limit": limit},
+        ).fetchall()
+    if args.json:
+        out = []
+        for r in rows:
+            r = dict(r)
+            r["age_seconds"] = r.pop("age").total_seconds()
+            out.append(r)
+        emit(out, True, "")
+        return EXIT_OK
+    if not rows:
+        filters = []
+        if args.kind:
+            filters.append(f"kind {args.kind}")
+        if args.older_than:
+            filters.append(f"older than {args.older_than}")
+        which = ", ".join(filters)
+        print(
+            f"no unresolved effects in tenant {args.tenant!r}" + (f" ({which})" if which else ""),
+            flush=True,
+        )
+        return EXIT_OK
+    text = table(
+        ["effect id", "kind", "state", "age", "instance", "block", "attempt", "idempotency key"],
+        [
+            (
+                r["effect_id"],
+                r["kind"],
+                r["state"],
+                r["age"],
+                r["instance_id"],
+                r["block_id"],
+                r["attempt"],
+                r["idempotency_key"],
+            )
+            for r in rows
+        ],
+    )
+    if len(rows) == limit:
+        text += f"\n(the oldest {limit}; use --limit for more)"
+    text += f"\nlook at one: orch8 effects show EFFECT_ID{tenant_flag(args)}"
+    print(text, flush=True)
+    return EXIT_OK
+
+
+@command
+def effects_show(args, url: str) -> int:
+    effect_id = parse_uuid(args.id, "an effect id")
+    with db.connect(url, autocommit=True) as conn, conn.cursor(row_factory=dict_row) as cur:
+        receipt = cur.execute(
+            "SELECT r.id AS effect_id, r.tenant_id, r.instance_id, r.block_id, r.attempt,"
+            " r.epoch, r.continuity_id, r.handler, r.kind, r.state::text AS state,"
+            " r.request_sha256, r.destination_fingerprint, r.idempotency_key,"
+            " r.provider_receipt_id, r.error, r.evidence, r.created_at,"
+            " r.updated_at AS state_since, i.state::text AS instance_state"
+            " FROM orch8.effect_receipts AS r"
+            " LEFT JOIN orch8.task_instances AS i"
+            "  ON i.tenant_id = r.tenant_id AND i.id = r.instance_id"
+            " WHERE r.tenant_id = %s AND r.id = %s",
+            (args.tenant, effect_id),
+        ).fetchone()
+        if receipt is None:
+            raise NotFound(
+                f"effect receipt {effect_id} not found in tenant {args.tenant!r}; "
+                f"see `orch8 effects unresolved{tenant_flag(args)}`"
+            )
+        events = cur.execute(
+            "SELECT event_id, from_state::text AS from_state, to_state::text AS to_state,"
+            " actor, note, evidence, at FROM orch8.effect_receipt_events"
+            " WHERE tenant_id = %s AND receipt_id = %s ORDER BY event_id",
+            (args.tenant, effect_id),
+        ).fetchall()
+        others = cur.execute(
+            "SELECT id AS effect_id, epoch, attempt, state::text AS state, provider_receipt_id,"
+            " idempotency_key, created_at FROM orch8.effect_receipts"
+            " WHERE tenant_id = %s AND instance_id = %s AND block_id = %s AND id <> %s"
+            " ORDER BY epoch, attempt, created_at",
+            (args.tenant, receipt["instance_id"], receipt["block_id"], effect_id),
+        ).fetchall()
+    if args.json:
+        emit({**receipt, "events": events, "other_attempts": others}, True, "")
+        return EXIT_OK
+    r = receipt
+    fields = [
+        ("effect id", r["effect_id"]),
+        ("instance", f"{r['instance_id']} ({r['instance_state'] or 'not found'})"),
+        ("block", r["block_id"]),
+        ("attempt", r["attempt"]),
+        ("epoch", r["epoch"]),
+        ("continuity id", r["continuity_id"]),
+        ("handler", r["handler"]),
+        ("kind", r["kind"]),
+        ("state", f"{r['state']} (since {ts(r['state_since'])})"),
+        ("created", ts(r["created_at"])),
+        ("request sha256", r["request_sha256"]),
+        ("destination fingerprint", r["destination_fingerprint"]),
+        ("idempotency key", r["idempotency_key"] or "- (the effect id was sent as the key)"),
+        ("provider receipt id", r["provider_receipt_id"] or "-"),
+        ("error", r["error"] or "-"),
+    ]
+    lines = [f"effect {r['effect_id']}  {r['state']}"]
+    lines += [f"  {name:<24} {value}" for name, value in fields]
+    lines.append("  evidence:")
+    lines.append(indent(json.dumps(r["evidence"], indent=2, sort_keys=True)))
+    lines.append("history:")
+    lines.append(
+        indent(
+            table(
+                ["at", "from", "to", "actor", "note", "evidence"],
+                [
+                    (
+                        e["at"],
+                        e["from_state"],
+                        e["to_state"],
+                        e["actor"],
+                        e["note"],
+                        e["evidence"] or None,
+                    )
+                    for e in events
+                ],
+            ),
+            "  ",
+        )
+    )
+    if others:
+        lines.append("other receipts of this step:")
+        lines.append(
+            indent(
+                table(
+                    ["effect id", "epoch", "attempt", "state", "provider receipt", "created"],
+                    [
+                        (
+                            o["effect_id"],
+                            o["epoch"],
+                            o["attempt"],
+                            o["state"],
+                            o["provider_receipt_id"],
+                            o["created_at"],
+                        )
+                        for o in others
+                    ],
+                ),
+                "  ",
+            )
+        )
+    t = tenant_flag(args)
+    if r["state"] == "unknown":
+        lines.append(
+            f"next: ask the provider, then `orch8 effects resolve {r['effect_id']}{t} "
+            "--state committed|verified|abandoned|compensated --evidence JSON --note TEXT`"
+        )
+    elif r["state"] == "dispatched":
+        lines.append(
+            "next: still dispatched; it cannot be resolved until its runner records the "
+            "answer or the lease expires and the receipt becomes unknown"
+        )
+    print("\n".join(lines), flush=True)
+    return EXIT_OK
+
+
+@command
+def effects_resolve(args, url: str) -> int:
+    effect_id = parse_uuid(args.id, "an effect id")
+    evidence = _json_object(args.evidence, "--evidence")
+    actor = _actor_of(args)
+    with db.connect(url, autocommit=True) as conn:
+        row = effects.resolve_effect(
+            conn,
+            args.tenant,
+            effect_id,
+            args.state,
+            actor=actor,
+            evidence=evidence,
+            provider_receipt_id=args.provider_receipt_id,
+            note=args.note,
+            expected_state=args.expected_state,
+        )
+        inst = conn.execute(
+            "SELECT state::text FROM orch8.task_instances WHERE tenant_id = %s AND id = %s",
+            (args.tenant, row["instance_id"]),
+        ).fetchone()
+    instance_state = inst[0] if inst else None
+    if args.json:
+        emit({**row, "instance_state": instance_state}, True, "")
+        return EXIT_OK
+    receipt = (
+        f" (provider receipt {row['provider_receipt_id']})" if row["provider_receipt_id"] else ""
+    )
+    lines = [f"effect {row['id']} is now {row['state']}{receipt}, recorded as {actor}"]
+    if instance_state == "failed":
+        again = "runs again as a new attempt"
+        if row["state"] in ("committed", "verified"):
+            again = "is completed from this evidence, not sent again"
+        lines.append(
+            f"next: `orch8 instances retry {row['instance_id']}{tenant_flag(args)}` "
+            f"(the step {again})"
+        )
+    print("\n".join(lines), flush=True)
+    return EXIT_OK
+
+
+def add_parsers(sub, common, actor) -> None:
+    eff = sub.add_parser("effects", help="effect receipts: the unresolved queue, resolution")
+    effsub = eff.add_subparsers(dest="effects_command", required=True, metavar="COMMAND")
+
+    unresolved = effsub.add_parser(
+        "unresolved", help="receipts that may have happened and nobody settled, oldest first"
+    )
+    unresolved.add_argument("--kind", choices=KINDS, default=None, help="only this effect kind")
+    unresolved.add_argument(
+        "--older-than",
+        default=None,
+        metavar="AGE",
+        help="only receipts older than this: 30s, 10m, 2h, 1d",
+    )
+    unresolved.add_argument("--limit", type=int, default=100, help="at most N rows (default 100)")
+    common(unresolved)
+    unresolved.set_defaults(db_func=effects_unresolved)
+
+    show = effsub.add_parser("show", help="one receipt: every evidence field and its history")
+    show.add_argument("id", help="effect id")
+    common(show)
+    show.set_defaults(db_func=effects_show)
+
+    resolve = effsub.add_parser(
+        "resolve", help="record what the provider says about an unknown receipt"
+    )
+    resolve.add_argument("id", help="effect id")
+    resolve.add_argument(
+        "--state",
+        required=True,
+        choices=RESOLVE_STATES,
+        metavar="STATE",
+        help=f"what happened: {', '.join(RESOLVE_STATES)}",
+    )
+    resolve.add_argument(
+        "--provider-receipt-id", default=None, metavar="ID", help="the provider's own id"
+    )
+    resolve.add_argument(
+        "--evidence",
+        default=None,
+        metavar="JSON",
+        help="what you looked at and found, a JSON object (required for abandoned, compensated)",
+    )
+    resolve.add_argument("--note", default=None, metavar="TEXT")
+    resolve.add_argument(
+        "--expected-state",
+        choices=effects.STATES,
+        default=None,
+        metavar="STATE",
+        help="refuse (exit 4) unless the receipt is still in this state (e.g. unknown)",
+    )
+    actor(resolve)
+    common(resolve)
+    resolve.set_defaults(db_func=effects_resolve)

@@ -1,0 +1,123 @@
+"""`orch8 api-key create|list|revoke`: keys for the operator service. The secret is shown
+once, when it is created; the database keeps only its SHA-256 and a short prefix."""
+
+from __future__ import annotations
+
+from psycopg.rows import dict_row
+
+from . import apikeys, db
+from .cli_ops import EXIT_OK, command, emit, parse_uuid, table, ts
+from .errors import NotFound
+
+WARNING = (
+    "this secret is shown once and is not stored (orch8 keeps only its SHA-256): "
+    "copy it now; if it is lost, revoke the key and create another"
+)
+
+
+@command
+def api_key_create(args, url: str) -> int:
+    with db.connect(url, autocommit=True) as conn:
+        key_id, secret = apikeys.create(conn, args.tenant, args.role, args.name or "")
+        with conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(
+                "SELECT id, tenant_id, name, role, key_prefix, created_at"
+                " FROM orch8.api_keys WHERE tenant_id = %s AND id = %s",
+                (args.tenant, key_id),
+            ).fetchone()
+    if args.json:
+        emit({**row, "secret": secret, "warning": WARNING}, True, "")
+        return EXIT_OK
+    print(
+        "\n".join(
+            [
+                f"created API key {row['id']} ({row['key_prefix']}) for tenant "
+                f"{row['tenant_id']!r}, role {row['role']}, name {row['name']!r}",
+                "",
+                f"    {secret}",
+                "",
+                f"WARNING: {WARNING}.",
+                "Use it as `Authorization: Bearer <key>` on the operator service.",
+            ]
+        ),
+        flush=True,
+    )
+    return EXIT_OK
+
+
+@command
+def api_key_list(args, url: str) -> int:
+    with db.connect(url, autocommit=True) as conn:
+        rows = apikeys.list_keys(conn, args.tenant)
+    if args.json:
+        emit(rows, True, "")
+        return EXIT_OK
+    if not rows:
+        print(f"no API keys in tenant {args.tenant!r}", flush=True)
+        return EXIT_OK
+    print(
+        table(
+            ["id", "prefix", "role", "name", "created", "last used", "revoked"],
+            [
+                (
+                    r["id"],
+                    r["key_prefix"],
+                    r["role"],
+                    r["name"],
+                    r["created_at"],
+                    r["last_used_at"] or "never",
+                    r["revoked_at"] or "no",
+                )
+                for r in rows
+            ],
+        ),
+        flush=True,
+    )
+    return EXIT_OK
+
+
+@command
+def api_key_revoke(args, url: str) -> int:
+    key_id = parse_uuid(args.id, "an API key id")
+    with db.connect(url, autocommit=True) as conn:
+        revoked = apikeys.revoke(conn, args.tenant, key_id)
+        row = conn.execute(
+            "SELECT key_prefix, revoked_at FROM orch8.api_keys WHERE tenant_id = %s AND id = %s",
+            (args.tenant, key_id),
+        ).fetchone()
+    if row is None:
+        raise NotFound(
+            f"API key {key_id} not found in tenant {args.tenant!r}; "
+            "see `orch8 api-key list` (and --tenant)"
+        )
+    prefix, revoked_at = row
+    result = {
+        "id": key_id,
+        "key_prefix": prefix,
+        "revoked": revoked,
+        "already_revoked": not revoked,
+        "revoked_at": revoked_at,
+    }
+    if revoked:
+        text = f"revoked API key {key_id} ({prefix}): it no longer authenticates"
+    else:
+        text = f"API key {key_id} ({prefix}) was already revoked at {ts(revoked_at)}"
+    emit(result, args.json, text)
+    return EXIT_OK
+
+
+def add_parsers(sub, common) -> None:
+    keys = sub.add_parser("api-key", help="API keys for the operator service")
+    keysub = keys.add_subparsers(dest="key_command", required=True, metavar="COMMAND")
+    create = keysub.add_parser("create", help="create a key; its secret is printed once")
+    create.add_argument("--role", required=True, choices=apikeys.ROLES)
+    create.add_argument("--name", default=None, help="a label (default: the role)")
+    common(create)
+    create.set_defaults(db_func=api_key_create)
+    lst = keysub.add_parser("list", help="the tenant's keys (never their secrets)")
+    common(lst)
+    lst.set_defaults(db_func=api_key_list)
+    revoke = keysub.add_parser("revoke", help="revoke a key at once")
+    revoke.add_argument("id", help="key id (from `orch8 api-key list`)")
+    common(revoke)
+    revoke.set_defaults(db_func=api_key_revoke)

@@ -1,0 +1,476 @@
+"""The operator console through Flask's test client, on a real migrated database: login,
+pages, tenant isolation, roles, CSRF, resolving an unknown receipt and retrying."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import pytest
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from orch8_py import apikeys
+from tests.runner_helpers import TENANT, make_sequence, start
+from web import create_app
+
+PARAMS = {"url": "https://pay.example/charge", "idempotency_key": "order-7"}
+OTHER = "other"
+
+
+def claim(conn):
+    return conn.execute(
+        "SELECT lease_token FROM orch8.claim_due_instances('w1', 1, '30 seconds')"
+    ).fetchone()[0]
+
+
+def instance_state(conn, instance):
+    return conn.execute(
+        "SELECT state::text FROM orch8.task_instances WHERE id = %s", (instance,)
+    ).fetchone()[0]
+
+
+def receipt(conn, effect_id):
+    return conn.execute(
+        "SELECT state::text, provider_receipt_id, evidence FROM orch8.effect_receipts"
+        " WHERE id = %s",
+        (effect_id,),
+    ).fetchone()
+
+
+def charge_sequence(conn, tenant=TENANT):
+    definition = {
+        "blocks": [
+            {"type": "step", "id": "charge", "handler": "test.console.charge"},
+            {"type": "step", "id": "ship", "handler": "noop"},
+        ]
+    }
+    return conn.execute(
+        "SELECT id FROM orch8.create_sequence(%s, 'default', %s, %s)",
+        (tenant, f"checkout{uuid.uuid4().hex[:6]}", Jsonb(definition)),
+    ).fetchone()[0]
+
+
+def fail_with_unknown_receipt(conn, seq, tenant=TENANT, data=None):
+    """An instance that failed with EffectBlocked: its charge receipt is unknown (the same
+    path as tests/test_operations.py: a second claim begins the same attempt)."""
+    a = start(conn, seq, data=data, tenant=tenant)
+    begin = "SELECT outcome, effect_id FROM orch8.begin_step(%s, %s, %s, 'charge', 'x.y', %s, 0)"
+    token = claim(conn)
+    conn.execute(begin, (tenant, a, token, Jsonb(PARAMS)))
+    conn.execute("SELECT orch8.release_lease(%s, %s, %s)", (tenant, a, token))
+    token = claim(conn)
+    outcome, effect_id = conn.execute(begin, (tenant, a, token, Jsonb(PARAMS))).fetchone()
+    assert outcome == "blocked" and instance_state(conn, a) == "failed"
+    return a, effect_id
+
+
+@pytest.fixture
+def app(db_url):
+    app = create_app(db_url, secret_key="console-test-secret")
+    app.testing = True
+    yield app
+    app.extensions["orch8.pool"].close()
+
+
+@pytest.fixture
+def keys(conn):
+    return {
+        role: apikeys.create(conn, TENANT, role, f"{role}-alice")[1]
+        for role in ("operator", "auditor", "worker")
+    }
+
+
+def csrf_of(html: str) -> str:
+    match = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert match, "no CSRF field on the page"
+    return match.group(1)
+
+
+def login(client, secret):
+    page = client.get("/console/login")
+    return client.post("/console/login", data={"api_key": secret, "csrf_token": csrf_of(page.text)})
+
+
+@pytest.fixture
+def operator(app, keys):
+    client = app.test_client()
+    assert login(client, keys["operator"]).status_code == 302
+    return client
+
+
+@pytest.fixture
+def auditor(app, keys):
+    client = app.test_client()
+    assert login(client, keys["auditor"]).status_code == 302
+    return client
+
+
+@pytest.fixture
+def failed(conn):
+    seq = charge_sequence(conn)
+    return fail_with_unknown_receipt(conn, seq)
+
+
+def resolve_form(client, effect_id, **fields):
+    page = client.get(f"/console/effects/{effect_id}")
+    data = {
+        "csrf_token": csrf_of(page.text),
+        "expected_state": "unknown",
+        "state": "committed",
+        "provider_receipt_id": "ch_3LkP",
+        "evidence": '{"checked": "provider dashboard", "found": "ch_3LkP"}',
+        "note": "provider shows the charge",
+        **fields,
+    }
+    return client.post(f"/console/effects/{effect_id}/resolve", data=data)
+
+
+def test_login_with_a_bad_key_fails_with_a_message(app, keys):
+    client = app.test_client()
+    assert client.get("/").headers["Location"].endswith("/console/")
+    first = client.get("/console/")
+    assert first.status_code == 302 and "/console/login" in first.headers["Location"]
+    bad = login(client, "o8_nope_" + uuid.uuid4().hex)
+    assert bad.status_code == 401
+    assert "Unknown or revoked API key." in bad.text
+    assert client.get("/console/").status_code == 302  # still logged out
+    worker = login(client, keys["worker"])
+    assert worker.status_code == 403 and "cannot use the console" in worker.text
+
+
+def test_login_keeps_who_not_the_secret_and_logout_forgets(app, keys, conn):
+    client = app.test_client()
+    resp = login(client, keys["operator"])
+    assert resp.status_code == 302 and resp.headers["Location"].endswith("/console/")
+    with client.session_transaction() as sess:
+        assert sess["console"]["tenant"] == TENANT
+        assert sess["console"]["role"] == "operator"
+        assert sess["console"]["name"] == "operator-alice"
+        assert keys["operator"] not in repr(dict(sess))
+    page = client.get("/console/")
+    assert page.status_code == 200 and "operator-alice" in page.text
+    out = client.post("/console/logout", data={"csrf_token": csrf_of(page.text)})
+    assert out.status_code == 302
+    with client.session_transaction() as sess:
+        assert "console" not in sess
+    assert client.get("/console/").status_code == 302
+
+
+def test_login_redirects_back_to_the_page_asked_for_but_never_off_site(app, keys):
+    client = app.test_client()
+    asked = client.get("/console/instances?state=failed")
+    assert "next=" in asked.headers["Location"]
+    page = client.get(asked.headers["Location"])
+    token = csrf_of(page.text)
+    resp = client.post(
+        "/console/login",
+        data={"api_key": keys["operator"], "csrf_token": token, "next": "//evil.example/x"},
+    )
+    assert resp.headers["Location"].endswith("/console/")
+    client = app.test_client()
+    token = csrf_of(client.get("/console/login").text)
+    resp = client.post(
+        "/console/login",
+        data={
+            "api_key": keys["operator"],
+            "csrf_token": token,
+            "next": "/console/instances?state=failed",
+        },
+    )
+    assert resp.headers["Location"].endswith("/console/instances?state=failed")
+
+
+def test_pages_render_for_an_operator(operator, conn, failed):
+    instance, effect_id = failed
+    seq_name = conn.execute(
+        "SELECT s.name FROM orch8.sequences s JOIN orch8.task_instances t"
+        " ON t.sequence_id = s.id WHERE t.id = %s",
+        (instance,),
+    ).fetchone()[0]
+    dash = operator.get("/console/")
+    assert dash.status_code == 200
+    assert re.search(r'id="queue-depth">1<', dash.text)
+    assert "Instances by state" in dash.text and "Recently failed" in dash.text
+    listing = operator.get("/console/instances?state=failed")
+    assert listing.status_code == 200 and str(instance) in listing.text
+    assert str(instance) not in operator.get("/console/instances?state=completed").text
+    detail = operator.get(f"/console/instances/{instance}")
+    assert detail.status_code == 200
+    for text in ("EffectBlocked", "__in_progress__", "__error__", str(effect_id)):
+        assert text in detail.text
+    assert "Retry instance" in detail.text and "Resolve receipt" in detail.text
+    queue = operator.get("/console/effects/unresolved")
+    assert queue.status_code == 200
+    assert 'data-count="1"' in queue.text
+    row = receipt(conn, effect_id)
+    fields = conn.execute(
+        "SELECT request_sha256, destination_fingerprint, continuity_id, epoch, attempt"
+        " FROM orch8.effect_receipts WHERE id = %s",
+        (effect_id,),
+    ).fetchone()
+    for value in (effect_id, instance, "order-7", "charge", *fields):
+        assert str(value) in queue.text
+    assert row[0] == "unknown"
+    effect = operator.get(f"/console/effects/{effect_id}")
+    assert effect.status_code == 200
+    assert (
+        'id="resolve-form"' in effect.text
+        and 'name="expected_state" value="unknown"' in effect.text
+    )
+    for target in ("committed", "verified", "abandoned", "compensated"):
+        assert f'<option value="{target}"' in effect.text
+    assert operator.get("/console/sequences").status_code == 200
+    versions = operator.get(f"/console/sequences/default/{seq_name}")
+    assert versions.status_code == 200 and "v1" in versions.text
+    v1 = operator.get(f"/console/sequences/default/{seq_name}/1")
+    assert v1.status_code == 200 and "test.console.charge" in v1.text
+    assert operator.get(f"/console/sequences/default/{seq_name}/2").status_code == 404
+    css = operator.get("/console/static/console.css")
+    assert css.status_code == 200 and "text/css" in css.content_type
+    css.close()
+
+
+def test_everything_is_escaped(operator, conn):
+    seq = charge_sequence(conn)
+    evil = "<script>alert('x')</script>"
+    instance, _ = fail_with_unknown_receipt(conn, seq, data={"name": evil})
+    detail = operator.get(f"/console/instances/{instance}")
+    assert evil not in detail.text
+    assert "&lt;script&gt;" in detail.text
+    assert "default-src 'self'" in detail.headers["Content-Security-Policy"]
+
+
+def test_instance_list_filters_and_pages(operator, conn):
+    seq = make_sequence(conn, [{"type": "step", "id": "a", "handler": "noop"}])
+    for _ in range(30):
+        start(conn, seq)
+    first = operator.get("/console/instances?state=scheduled")
+    assert first.text.count('class="instance-row"') == 25 and 'rel="next"' in first.text
+    second = operator.get("/console/instances?state=scheduled&page=2")
+    assert second.text.count('class="instance-row"') == 5 and 'rel="next"' not in second.text
+    assert 'rel="prev"' in second.text
+    assert operator.get("/console/instances?state=nope").status_code == 400
+    assert operator.get("/console/instances?page=x").status_code == 400
+    assert operator.get("/console/instances?state=failed").text.count("instance-row") == 0
+
+
+def test_other_tenants_are_invisible(operator, conn, failed):
+    seq = charge_sequence(conn, tenant=OTHER)
+    theirs, their_effect = fail_with_unknown_receipt(conn, seq, tenant=OTHER)
+    resp = operator.get(f"/console/instances/{theirs}")
+    assert resp.status_code == 404
+    assert "<html" in resp.text and "Traceback" not in resp.text
+    assert operator.get(f"/console/effects/{their_effect}").status_code == 404
+    assert operator.get(f"/console/instances/{uuid.uuid4()}").status_code == 404
+    assert operator.get("/console/instances/not-a-uuid").status_code == 404
+    # the queue, the dashboard and the lists show this tenant's rows only
+    queue = operator.get("/console/effects/unresolved")
+    assert 'data-count="1"' in queue.text and str(their_effect) not in queue.text
+    assert re.search(r'id="queue-depth">1<', operator.get("/console/").text)
+    assert str(theirs) not in operator.get("/console/instances").text
+    # and nothing can be done to them
+    token = csrf_of(queue.text)
+    assert (
+        operator.post(f"/console/instances/{theirs}/retry", data={"csrf_token": token}).status_code
+        == 404
+    )
+    forged = operator.post(
+        f"/console/effects/{their_effect}/resolve",
+        data={
+            "csrf_token": token,
+            "state": "committed",
+            "expected_state": "unknown",
+            "evidence": "x",
+        },
+    )
+    assert forged.status_code == 404
+    assert receipt(conn, their_effect)[0] == "unknown"
+
+
+def test_auditor_sees_no_forms_and_a_forged_post_is_refused(auditor, conn, failed):
+    instance, effect_id = failed
+    effect = auditor.get(f"/console/effects/{effect_id}")
+    assert effect.status_code == 200 and str(effect_id) in effect.text
+    assert "resolve-form" not in effect.text and 'name="state"' not in effect.text
+    detail = auditor.get(f"/console/instances/{instance}")
+    assert "Retry instance" not in detail.text and "Cancel instance" not in detail.text
+    token = csrf_of(detail.text)  # the logout form's: a valid token for this session
+    forged = auditor.post(
+        f"/console/effects/{effect_id}/resolve",
+        data={
+            "csrf_token": token,
+            "state": "committed",
+            "expected_state": "unknown",
+            "evidence": "{}",
+        },
+    )
+    assert forged.status_code == 403 and "can only read" in forged.text
+    assert receipt(conn, effect_id)[0] == "unknown"
+    retry = auditor.post(f"/console/instances/{instance}/retry", data={"csrf_token": token})
+    assert retry.status_code == 403
+    cancel = auditor.post(f"/console/instances/{instance}/cancel", data={"csrf_token": token})
+    assert cancel.status_code == 403 and instance_state(conn, instance) == "failed"
+
+
+def test_csrf_token_is_required(app, operator, conn, failed, keys):
+    instance, effect_id = failed
+    data = {"state": "committed", "expected_state": "unknown", "evidence": "seen"}
+    missing = operator.post(f"/console/effects/{effect_id}/resolve", data=data)
+    assert missing.status_code == 403 and "security token" in missing.text
+    wrong = operator.post(
+        f"/console/effects/{effect_id}/resolve", data={**data, "csrf_token": "forged"}
+    )
+    assert wrong.status_code == 403
+    assert receipt(conn, effect_id)[0] == "unknown"
+    assert operator.post(f"/console/instances/{instance}/retry").status_code == 403
+    # another session's token is no good either
+    other = app.test_client()
+    login(other, keys["operator"])
+    their_token = csrf_of(other.get("/console/").text)
+    mine = csrf_of(operator.get("/console/").text)
+    assert their_token != mine
+    crossed = operator.post(
+        f"/console/effects/{effect_id}/resolve", data={**data, "csrf_token": their_token}
+    )
+    assert crossed.status_code == 403
+    # the login form needs one too
+    fresh = app.test_client()
+    assert fresh.post("/console/login", data={"api_key": keys["operator"]}).status_code == 403
+
+
+def test_resolve_from_the_form_commits_and_records_the_actor(operator, conn, failed):
+    _, effect_id = failed
+    resp = resolve_form(operator, effect_id)
+    assert resp.status_code == 302
+    assert resp.headers["Location"].endswith(f"/console/effects/{effect_id}")
+    page = operator.get(resp.headers["Location"])
+    assert f"Receipt {effect_id} is now committed." in page.text
+    state, provider_receipt_id, evidence = receipt(conn, effect_id)
+    assert (state, provider_receipt_id) == ("committed", "ch_3LkP")
+    resolution = evidence["resolution"]
+    assert resolution["actor"] == "key:operator-alice"
+    assert resolution["evidence"] == {"checked": "provider dashboard", "found": "ch_3LkP"}
+    assert resolution["note"] == "provider shows the charge"
+    event = conn.execute(
+        "SELECT from_state::text, to_state::text, actor, note FROM orch8.effect_receipt_events"
+        " WHERE receipt_id = %s ORDER BY event_id DESC LIMIT 1",
+        (effect_id,),
+    ).fetchone()
+    assert event == ("unknown", "committed", "key:operator-alice", "provider shows the charge")
+    assert "key:operator-alice" in page.text  # on the timeline
+    assert 'data-count="0"' in operator.get("/console/effects/unresolved").text
+
+
+def test_free_text_evidence_is_wrapped_and_bad_json_is_refused(operator, conn, failed):
+    _, effect_id = failed
+    bad = resolve_form(operator, effect_id, evidence='{"checked": ')
+    assert bad.status_code == 422 and "not valid JSON" in bad.text
+    assert "{&#34;checked&#34;: " in bad.text  # what was typed is kept, escaped
+    assert receipt(conn, effect_id)[0] == "unknown"
+    empty = resolve_form(operator, effect_id, state="abandoned", evidence="")
+    assert empty.status_code == 422 and "needs evidence" in empty.text
+    assert "Traceback" not in empty.text
+    ok = resolve_form(operator, effect_id, state="abandoned", evidence="no charge at pay.example")
+    assert ok.status_code == 302
+    state, _, evidence = receipt(conn, effect_id)
+    assert state == "abandoned"
+    assert evidence["resolution"]["evidence"] == {"note": "no charge at pay.example"}
+
+
+def test_a_concurrent_change_says_reload_before_resolving(operator, conn, failed):
+    _, effect_id = failed
+    page = operator.get(f"/console/effects/{effect_id}")
+    token = csrf_of(page.text)
+    # somebody else resolves it while the form is open
+    conn.execute(
+        "SELECT orch8.resolve_effect('t1', %s, 'verified', NULL, '{\"by\": \"bob\"}', 'bob')",
+        (effect_id,),
+    )
+    resp = operator.post(
+        f"/console/effects/{effect_id}/resolve",
+        data={
+            "csrf_token": token,
+            "expected_state": "unknown",
+            "state": "committed",
+            "evidence": "seen",
+        },
+    )
+    assert resp.status_code == 409
+    assert "reload before resolving" in resp.text
+    assert receipt(conn, effect_id)[0] == "verified"
+    assert 'name="expected_state" value="verified"' in resp.text  # the page shows it now
+
+
+def test_retry_refused_while_unknown_then_completes_from_evidence(operator, conn, failed):
+    instance, effect_id = failed
+    page = operator.get(f"/console/instances/{instance}")
+    token = csrf_of(page.text)
+    refused = operator.post(f"/console/instances/{instance}/retry", data={"csrf_token": token})
+    assert refused.status_code == 302
+    shown = operator.get(refused.headers["Location"]).text
+    assert "Retry refused" in shown and "resolve it before retrying" in shown
+    assert instance_state(conn, instance) == "failed"
+    assert resolve_form(operator, effect_id).status_code == 302
+    effect = operator.get(f"/console/effects/{effect_id}")
+    assert "not sent again" in effect.text and 'id="retry"' in effect.text
+    retried = operator.post(
+        f"/console/instances/{instance}/retry", data={"csrf_token": csrf_of(effect.text)}
+    )
+    shown = operator.get(retried.headers["Location"]).text
+    assert "Retried (completed_from_evidence)" in shown
+    assert instance_state(conn, instance) == "scheduled"  # on to the next step, "ship"
+    actor = conn.execute(
+        "SELECT actor FROM orch8.instance_transitions WHERE instance_id = %s"
+        " ORDER BY seq DESC LIMIT 1",
+        (instance,),
+    ).fetchone()[0]
+    assert actor == "key:operator-alice"
+
+
+def test_cancel_from_the_instance_page(operator, conn):
+    seq = make_sequence(conn, [{"type": "step", "id": "a", "handler": "noop"}])
+    instance = start(conn, seq)
+    page = operator.get(f"/console/instances/{instance}")
+    assert "Cancel instance" in page.text and "Retry instance" not in page.text
+    resp = operator.post(
+        f"/console/instances/{instance}/cancel", data={"csrf_token": csrf_of(page.text)}
+    )
+    assert "Cancelled." in operator.get(resp.headers["Location"]).text
+    assert instance_state(conn, instance) == "cancelled"
+
+
+def test_unknown_pages_and_database_errors_are_pages_not_tracebacks(operator, app):
+    missing = operator.get("/console/no/such/page")
+    assert missing.status_code == 404 and "<html" in missing.text
+    app.extensions["orch8.pool"].close()  # the database goes away
+    app.extensions["orch8.pool"] = ConnectionPool(
+        "postgresql://nobody@127.0.0.1:1/none",
+        min_size=1,
+        open=False,
+        timeout=1,
+        kwargs={"connect_timeout": 1},
+    )
+    down = operator.get("/console/instances")
+    assert down.status_code == 503 and "Database unavailable" in down.text
+    assert "Traceback" not in down.text
+
+
+def test_revoking_a_key_ends_its_console_sessions(db_url, conn):
+    from orch8_py import apikeys
+    from web import create_app
+
+    key_id, secret = apikeys.create(conn, "t1", "operator", "soon-revoked")
+    app = create_app(db_url)
+    client = app.test_client()
+    page = client.get("/console/login")
+    token = page.get_data(as_text=True).split('name="csrf_token" value="')[1].split('"')[0]
+    assert client.post(
+        "/console/login", data={"api_key": secret, "csrf_token": token}
+    ).status_code in (
+        302,
+        303,
+    )
+    assert client.get("/console/").status_code == 200
+    apikeys.revoke(conn, "t1", key_id)
+    assert client.get("/console/").status_code == 302  # back to the login page

@@ -1,0 +1,150 @@
+"""The console in a real headless Chromium (Debian's chromium and chromium-driver, driven
+by selenium): log in, find the unknown receipt, resolve it, see the queue shrink.
+
+Without /usr/bin/chromedriver the test is skipped with a loud reason, except under CI=true
+where a missing browser is a failure (.ci/run installs it)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from orch8_py import apikeys
+from tests.test_console import charge_sequence, fail_with_unknown_receipt, receipt
+from web import create_app
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def _unavailable(reason: str):
+    message = (
+        f"!!! BROWSER TEST NOT RUN: {reason}. "
+        "Install it with: apt-get install -y chromium chromium-driver (and pip selenium)"
+    )
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture
+def browser(tmp_path):
+    if not CHROMEDRIVER.exists() or not CHROMIUM.exists():
+        _unavailable(f"{CHROMEDRIVER} or {CHROMIUM} is missing")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        _unavailable("the selenium package is not installed")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1280,1000",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+    ):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(15)
+    driver.implicitly_wait(0)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def server(db_url):
+    """The operator service on 127.0.0.1, a free port, waitress on a daemon thread."""
+    import waitress
+
+    app = create_app(db_url, secret_key="browser-test-secret")
+    srv = waitress.create_server(app, host="127.0.0.1", port=0, threads=4)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{srv.effective_port}"
+    finally:
+        srv.close()
+        thread.join(timeout=5)
+        app.extensions["orch8.pool"].close()
+
+
+@pytest.mark.timeout(90)
+def test_operator_resolves_an_unknown_receipt_in_a_real_browser(browser, server, conn, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    instance, effect_id = fail_with_unknown_receipt(conn, charge_sequence(conn))
+    _, secret = apikeys.create(conn, "t1", "operator", "alice")
+    wait = WebDriverWait(browser, 10)
+
+    # log in: / leads to the console, the console to its login page
+    browser.get(server + "/")
+    wait.until(ec.presence_of_element_located((By.ID, "api_key"))).send_keys(secret)
+    browser.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+    wait.until(ec.presence_of_element_located((By.ID, "queue-depth")))
+    assert browser.find_element(By.ID, "queue-depth").text == "1"
+    assert "alice" in browser.find_element(By.CSS_SELECTOR, "header .who").text
+    browser.save_screenshot(str(tmp_path / "dashboard.png"))
+
+    # the queue: one receipt, with what the provider needs to be asked
+    browser.find_element(By.CSS_SELECTOR, "nav a[href$='/console/effects/unresolved']").click()
+    count = wait.until(ec.presence_of_element_located((By.ID, "queue-count")))
+    assert count.get_attribute("data-count") == "1"
+    assert count.text == "1 unresolved receipt"
+    items = browser.find_elements(By.CSS_SELECTOR, ".queue-item")
+    assert len(items) == 1
+    assert items[0].find_element(By.CSS_SELECTOR, ".effect-id").text == str(effect_id)
+    assert items[0].find_element(By.CSS_SELECTOR, ".idempotency-key").text == "order-7"
+    assert str(instance) in items[0].text
+    browser.save_screenshot(str(tmp_path / "queue-before.png"))
+
+    # open it and resolve it: committed, with the provider's receipt id and evidence
+    items[0].find_element(By.CSS_SELECTOR, "a.resolve-link").click()
+    form = wait.until(ec.presence_of_element_located((By.ID, "resolve-form")))
+    Select(form.find_element(By.ID, "state")).select_by_value("committed")
+    form.find_element(By.ID, "provider_receipt_id").send_keys("ch_3LkP")
+    form.find_element(By.ID, "evidence").send_keys(
+        '{"checked": "pay.example dashboard by idempotency key", "found": "ch_3LkP"}'
+    )
+    form.find_element(By.ID, "note").send_keys("provider shows the charge")
+    browser.save_screenshot(str(tmp_path / "resolve-form.png"))
+    form.find_element(By.ID, "resolve").click()
+    flash = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".flash.ok")))
+    assert f"Receipt {effect_id} is now committed." in flash.text
+    assert browser.find_elements(By.ID, "retry"), "the next step, retry, is offered"
+    browser.save_screenshot(str(tmp_path / "resolved.png"))
+
+    # the queue has shrunk
+    browser.find_element(By.CSS_SELECTOR, "nav a[href$='/console/effects/unresolved']").click()
+    count = wait.until(ec.presence_of_element_located((By.ID, "queue-count")))
+    assert count.get_attribute("data-count") == "0"
+    assert browser.find_elements(By.CSS_SELECTOR, ".queue-item") == []
+    assert "Nothing to resolve." in browser.page_source
+    shot = tmp_path / "queue-after.png"
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 0
+
+    state, provider_receipt_id, evidence = receipt(conn, effect_id)
+    assert (state, provider_receipt_id) == ("committed", "ch_3LkP")
+    assert evidence["resolution"]["actor"] == "key:alice"
+
+    # step 5 of the procedure: retry the instance; the charge is not sent again
+    browser.get(f"{server}/console/instances/{instance}")
+    wait.until(ec.element_to_be_clickable((By.ID, "retry"))).click()
+    flash = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".flash.ok")))
+    assert "completed_from_evidence" in flash.text
+    assert "scheduled" in browser.find_element(By.ID, "instance-state").text
+    browser.save_screenshot(str(tmp_path / "instance-after-retry.png"))
