@@ -252,3 +252,25 @@ def test_rls_isolates_tenants_for_the_web_role(db_url, conn, seq):
         web.execute("SET ROLE orch8_web")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             web.execute("SELECT * FROM orch8.api_keys")
+
+
+def test_a_cancel_requested_while_running_survives_a_graceful_release(conn, seq):
+    a = start(conn, seq)
+    token = claim(conn)
+    assert call(conn, "SELECT orch8.cancel_instance(%s, %s, 'op')", TENANT, a)[0] == "requested"
+    conn.execute("SELECT orch8.release_lease(%s, %s, %s)", (TENANT, a, token))
+    assert state(conn, a) == ("cancelled", None)
+
+
+def test_idempotency_key_length_is_input_error(conn, seq):
+    from orch8_py.errors import InvalidInput
+
+    for key in ("", "k" * 257):
+        with pytest.raises(InvalidInput, match="1 to 256 bytes"):
+            call(
+                conn,
+                "SELECT * FROM orch8.create_instance(%s, %s, p_idempotency_key => %s)",
+                TENANT,
+                seq,
+                key,
+            )

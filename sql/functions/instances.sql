@@ -22,6 +22,9 @@ DECLARE
         nullif(current_setting('orch8.max_context_bytes', true), '')::integer, 262144);
     v_row orch8.task_instances;
 BEGIN
+    IF p_idempotency_key IS NOT NULL AND octet_length(p_idempotency_key) NOT BETWEEN 1 AND 256 THEN
+        RAISE EXCEPTION 'idempotency key must be 1 to 256 bytes' USING ERRCODE = 'O8008';
+    END IF;
     IF jsonb_typeof(coalesce(p_data, '{}')) <> 'object'
        OR jsonb_typeof(coalesce(p_config, '{}')) <> 'object' THEN
         RAISE EXCEPTION 'instance data and config must be JSON objects' USING ERRCODE = 'O8008';
@@ -276,8 +279,15 @@ CREATE OR REPLACE FUNCTION orch8.release_lease(
 RETURNS void
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_inst orch8.task_instances;
 BEGIN
-    PERFORM orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
+    v_inst := orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
+    IF v_inst.requested_state IS NOT NULL THEN  -- a pause or cancel asked meanwhile wins
+        PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running',
+            v_inst.requested_state, 'operator', 'requested while running');
+        RETURN;
+    END IF;
     PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running', 'scheduled',
                                       'runner', p_reason, p_next_fire_at);
 END
@@ -285,7 +295,8 @@ $$;
 
 COMMENT ON FUNCTION orch8.release_lease(text, uuid, uuid, timestamptz, text) IS
 'The lease holder hands a running instance back to scheduled (at p_next_fire_at, default '
-'now): on graceful shutdown, or to wait for a retry backoff. Stale token: O8001.';
+'now), or to the paused or cancelled state requested meanwhile: on graceful shutdown, or '
+'to wait for a retry backoff. Stale token: O8001.';
 
 CREATE OR REPLACE FUNCTION orch8.compute_attempt(
     p_tenant_id text, p_instance_id uuid, p_block_id text

@@ -1,7 +1,7 @@
 """The REST API under /api/v1: one blueprint per resource, nested in ``api``.
 
-Routes call the same SQL functions as the CLI and the runner (docs/SQL_API.md), in one
-``tenant_tx`` each, so a request writes everything or nothing and row-level security
+Routes call the same SQL functions as the CLI and the runner (docs/SQL_API.md), each in
+one ``tenant_tx``, so a request writes everything or nothing and row-level security
 confines it to the caller's tenant. Errors are JSON problems (web/problems.py); engine
 errors raised by a route here are answered with the structured facts of their DETAIL
 (``current_state``, ``effect_id``) besides the message.

@@ -12,8 +12,8 @@ from psycopg.types.json import Jsonb
 from orch8_py import errors
 
 from ..auth import OPERATOR, require
+from ..db import tenant_tx
 from . import instances
-from .tx import api_tx as tenant_tx
 from .validation import (
     LIMIT,
     Field,
@@ -95,8 +95,7 @@ def of_continuity(continuity_id: str):
 @require(*OPERATOR)
 def unresolved():
     q = query({"kind": one_of(*KINDS), "older_than": duration, "limit": LIMIT}, {"limit": 50})
-    # The explicit tenant filter is load-bearing: the view runs with its owner's rights,
-    # so row-level security does not confine it (see docs/API.md).
+    # RLS confines the view (security_invoker); the tenant filter is kept as a second guard
     where = ["tenant_id = %s"]
     args: list = [g.tenant]
     if "kind" in q:

@@ -9,7 +9,7 @@ from flask import Blueprint, g
 from psycopg.types.json import Jsonb
 
 from ..auth import OPERATOR, require
-from .tx import api_tx as tenant_tx
+from ..db import tenant_tx
 from .validation import (
     INT32_MAX,
     INT32_MIN,

@@ -395,8 +395,8 @@ TENANT_HEADER = {
     "in": "header",
     "required": False,
     "description": "admin keys: act in this tenant; any other key gets 404 unless it names "
-    "the key's own tenant",
-    "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,100}$"},
+    "the key's own tenant. Empty: the key's own tenant.",
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{0,100}$"},
 }
 INSTANCE_ID = path("instance_id", UUID)
 NAME_PARAMS = [

@@ -7,8 +7,8 @@ from flask import Blueprint, g
 from orch8_py.sequences import InvalidSequence, create_sequence
 
 from ..auth import OPERATOR, require
+from ..db import tenant_tx
 from ..problems import Problem
-from .tx import api_tx as tenant_tx
 from .validation import (
     INT32_MAX,
     LIMIT,

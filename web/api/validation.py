@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from flask import jsonify, request
+from flask import Response, request
 
 from ..problems import Problem
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MAX = 2**63 - 1
-MAX_JSON_DEPTH = 200
+MAX_JSON_DEPTH = 512
 
 
 # --- strings PostgreSQL can store --------------------------------------------------------
@@ -148,7 +148,7 @@ def check_fields(body: Mapping[str, Any], schema: Schema, prefix: str = "") -> l
     for name in body:
         if name not in schema:
             why = string_problem(name)
-            add(name if not why else "", "unknown field" if not why else f"a key {why}")
+            add("?" if why else name, f"unknown field (its name {why})" if why else "unknown field")
     for name, raw_spec in schema.items():
         spec = _field(raw_spec)
         if name not in body or (body[name] is None and spec.nullable):
@@ -349,7 +349,7 @@ def path_text(value: str, what: str) -> str:
 
 
 def encode_cursor(*parts: Any) -> str:
-    raw = json.dumps([to_json(p) for p in parts], separators=(",", ":"))
+    raw = dumps(list(parts))
     return base64.urlsafe_b64encode(raw.encode("utf-8")).decode("ascii").rstrip("=")
 
 
@@ -397,12 +397,8 @@ def cursor_uuid(value: Any) -> uuid.UUID:
 
 
 def to_json(value: Any) -> Any:
-    """Rows from psycopg made JSON-safe: UUIDs as strings, times as RFC 3339 UTC,
-    intervals as seconds, Decimals as numbers."""
-    if isinstance(value, dict):
-        return {str(k): to_json(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [to_json(v) for v in value]
+    """A scalar from psycopg made JSON-safe: UUIDs as strings, times as RFC 3339 UTC,
+    intervals as seconds, Decimals as numbers. Raises TypeError for anything else."""
     if isinstance(value, uuid.UUID):
         return str(value)
     if isinstance(value, dt.datetime):
@@ -415,11 +411,19 @@ def to_json(value: Any) -> Any:
         return value.total_seconds()
     if isinstance(value, Decimal):
         return int(value) if value == value.to_integral_value() else float(value)
-    return value
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def answer(value: Any, status: int = 200):
-    return jsonify(to_json(value)), status
+def dumps(value: Any) -> str:
+    """JSON text of rows: scalars through to_json, at any depth (the C encoder walks
+    stored documents as deep as MAX_JSON_DEPTH without Python recursion)."""
+    return json.dumps(value, default=to_json, ensure_ascii=False, separators=(",", ":"))
+
+
+def answer(value: Any, status: int = 200) -> Response:
+    return Response(dumps(value) + "\n", status=status, mimetype="application/json")
 
 
 def not_found(what: str) -> Problem:

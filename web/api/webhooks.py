@@ -6,7 +6,7 @@ from __future__ import annotations
 from flask import Blueprint, g
 
 from ..auth import OPERATOR, require
-from .tx import api_tx as tenant_tx
+from ..db import tenant_tx
 from .validation import (
     INT64_MAX,
     LIMIT,

@@ -1,0 +1,903 @@
+"""The REST API (/api/v1) through Flask's test client on a real migrated database:
+every route, its errors, roles, tenant isolation, retry after resolution, pagination and
+bad input of every kind."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import uuid
+
+import pytest
+from psycopg.types.json import Jsonb
+
+from orch8_py import apikeys
+from orch8_py.handlers import handler
+from tests.runner_helpers import running, wait_for
+from web import create_app
+
+ACME, OTHER, ROOT = "acme", "other", "root"
+PARAMS = {"url": "https://pay.example/charge", "idempotency_key": "order-7"}
+HELLO = {"blocks": [{"id": "hello", "type": "step", "handler": "log", "params": {"m": "hi"}}]}
+CHARGE = {
+    "blocks": [
+        {"type": "step", "id": "charge", "handler": "test.api.charge"},
+        {"type": "step", "id": "ship", "handler": "noop"},
+    ]
+}
+
+SENT: list[tuple[int, str]] = []
+
+
+@handler("test.api.charge")
+def charge(params, ctx):
+    SENT.append((ctx.attempt, str(ctx.effect_id)))
+    return {"receipt_id": "ch_new"}
+
+
+# --- engine helpers (the same path as tests/test_operations.py) ---------------------------
+
+
+def claim(conn, instance):
+    rows = conn.execute(
+        "SELECT id, lease_token FROM orch8.claim_due_instances('w1', 10, '30 seconds')"
+    ).fetchall()
+    token = None
+    for iid, tok in rows:
+        if iid == instance:
+            token = tok
+        else:  # not ours: hand it back untouched
+            conn.execute(
+                "SELECT orch8.release_lease(t.tenant_id, t.id, %s) FROM"
+                " orch8.task_instances AS t WHERE t.id = %s",
+                (tok, iid),
+            )
+    assert token is not None, "the instance was not claimed"
+    return token
+
+
+def fail_with_unknown_receipt(conn, seq, tenant=ACME):
+    """An instance failed with EffectBlocked, its charge receipt unknown: begin_step,
+    release the lease, claim again, begin_step again (the second run finds it dispatched)."""
+    a = conn.execute(
+        "SELECT id FROM orch8.create_instance(%s, %s, %s)", (tenant, seq, Jsonb({"order": 7}))
+    ).fetchone()[0]
+    begin = (
+        "SELECT outcome, effect_id FROM orch8.begin_step("
+        "%s, %s, %s, 'charge', 'test.api.charge', %s, 0)"
+    )
+    token = claim(conn, a)
+    conn.execute(begin, (tenant, a, token, Jsonb(PARAMS)))
+    conn.execute("SELECT orch8.release_lease(%s, %s, %s)", (tenant, a, token))
+    token = claim(conn, a)
+    outcome, effect_id = conn.execute(begin, (tenant, a, token, Jsonb(PARAMS))).fetchone()
+    assert outcome == "blocked"
+    return a, effect_id
+
+
+def make_seq(conn, definition=None, tenant=ACME, name=None):
+    return conn.execute(
+        "SELECT id FROM orch8.create_sequence(%s, 'default', %s, %s)",
+        (tenant, name or f"s{uuid.uuid4().hex[:8]}", Jsonb(definition or CHARGE)),
+    ).fetchone()[0]
+
+
+def count(conn, table):
+    return conn.execute(f"SELECT count(*) FROM orch8.{table}").fetchone()[0]
+
+
+# --- fixtures ----------------------------------------------------------------------------
+
+
+class Api:
+    """The test client with one key's headers and the /api/v1 prefix."""
+
+    def __init__(self, client, key=None, **headers):
+        self.client = client
+        self.headers = dict(headers)
+        if key:
+            self.headers["Authorization"] = f"Bearer {key}"
+
+    def get(self, path, **kw):
+        return self.client.get(f"/api/v1{path}", headers=self.headers, **kw)
+
+    def post(self, path, body=None, **kw):
+        if body is not None:
+            kw["json"] = body
+        return self.client.post(f"/api/v1{path}", headers=self.headers, **kw)
+
+
+@pytest.fixture
+def app(db_url):
+    app = create_app(db_url, secret_key="api-test-secret")
+    app.testing = True
+    yield app
+    app.extensions["orch8.pool"].close()
+
+
+@pytest.fixture
+def keys(conn):
+    made = {
+        role: apikeys.create(conn, ACME, role, f"{role}-alice")[1]
+        for role in ("operator", "worker", "auditor")
+    }
+    made["other"] = apikeys.create(conn, OTHER, "operator", "bob")[1]
+    made["admin"] = apikeys.create(conn, ROOT, "admin", "root-admin")[1]
+    return made
+
+
+@pytest.fixture
+def api(app, keys):
+    return Api(app.test_client(), keys["operator"])
+
+
+@pytest.fixture
+def as_role(app, keys):
+    return lambda role, **headers: Api(app.test_client(), keys[role], **headers)
+
+
+@pytest.fixture(autouse=True)
+def _clear_sent():
+    SENT.clear()
+
+
+def problem(resp, status, error=None):
+    assert resp.status_code == status, (resp.status_code, resp.get_data(as_text=True))
+    assert resp.is_json, resp.get_data(as_text=True)
+    body = resp.get_json()
+    assert isinstance(body["error"], str)
+    if error:
+        assert body["error"] == error, body
+    return body
+
+
+def ok(resp, status=200):
+    assert resp.status_code == status, (resp.status_code, resp.get_data(as_text=True))
+    return resp.get_json()
+
+
+# --- the document ------------------------------------------------------------------------
+
+
+def test_openapi_document_describes_every_route(app):
+    doc = ok(app.test_client().get("/api/v1/openapi.json"))
+    assert doc["openapi"].startswith("3.0")
+    assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    documented = {(path, method.upper()) for path, item in doc["paths"].items() for method in item}
+    routed = set()
+    for rule in app.url_map.iter_rules():
+        if not rule.rule.startswith("/api/v1/"):
+            continue
+        path = re.sub(r"<(?:[a-z]+:)?([a-z_]+)>", r"{\1}", rule.rule)
+        routed |= {(path, m) for m in rule.methods - {"HEAD", "OPTIONS"}}
+    assert routed == documented
+    for path, item in doc["paths"].items():
+        for method, operation in item.items():
+            names = set(re.findall(r"{([a-z_]+)}", path))
+            declared = {p["name"] for p in operation.get("parameters", []) if p["in"] == "path"}
+            assert names == declared, (path, method)
+            if path != "/api/v1/openapi.json":
+                assert {"401", "403", "404", "422"} <= set(operation["responses"]), path
+
+
+# --- authentication, roles, tenants ------------------------------------------------------
+
+
+def test_a_key_is_required_and_checked(app, conn, keys):
+    client = app.test_client()
+    body = problem(client.get("/api/v1/instances"), 401, "unauthorized")
+    assert "Bearer" in body["detail"]
+    problem(client.get("/api/v1/instances", headers={"Authorization": "Bearer nope"}), 401)
+    assert (
+        client.get("/api/v1/instances", headers={"X-Api-Key": keys["operator"]}).status_code == 200
+    )
+    key_id, secret = apikeys.create(conn, ACME, "operator", "short-lived")
+    assert Api(client, secret).get("/instances").status_code == 200
+    apikeys.revoke(conn, ACME, key_id)
+    problem(Api(client, secret).get("/instances"), 401)
+    problem(client.get("/api/v1/nowhere", headers={"X-Api-Key": keys["operator"]}), 404)
+
+
+def test_roles(conn, as_role):
+    operator = as_role("operator")
+    created = ok(operator.post("/sequences", {"name": "hello", "definition": HELLO}), 201)
+    inst = ok(operator.post("/instances", {"sequence": "hello"}), 201)["id"]
+
+    auditor = as_role("auditor")
+    assert ok(auditor.get(f"/instances/{inst}"))["id"] == inst
+    assert ok(auditor.get("/sequences"))["items"][0]["id"] == created["id"]
+    for path, body in [
+        ("/sequences", {"name": "x", "definition": HELLO}),
+        ("/instances", {"sequence": "hello"}),
+        (f"/instances/{inst}/cancel", None),
+        (f"/instances/{inst}/signals", {"type": "x"}),
+    ]:
+        problem(auditor.post(path, body), 403, "forbidden")
+
+    worker = as_role("worker")
+    assert ok(worker.get(f"/instances/{inst}"))["state"] == "scheduled"
+    for path in [
+        "/instances",
+        "/sequences",
+        "/effects/unresolved",
+        "/webhooks/outbox",
+        f"/instances/{inst}/audit",
+        "/sequences/default/hello",
+    ]:
+        problem(worker.get(path), 403, "forbidden")
+    problem(worker.post(f"/instances/{inst}/pause"), 403)
+    problem(worker.post("/instances", {"sequence": "hello"}), 403)
+
+    # admin: its own tenant by default, any tenant with X-Tenant-Id
+    problem(as_role("admin").get(f"/instances/{inst}"), 404)
+    admin = as_role("admin", **{"X-Tenant-Id": ACME})
+    assert ok(admin.get(f"/instances/{inst}"))["id"] == inst
+    assert ok(admin.post(f"/instances/{inst}/pause"))["state"] == "paused"
+    audit = ok(admin.get(f"/instances/{inst}/audit"))["items"]
+    assert audit[-1]["actor"] == "key:root-admin"
+    problem(as_role("admin", **{"X-Tenant-Id": "bad tenant!"}).get("/instances"), 422)
+    # a non-admin naming another tenant sees nothing there
+    problem(as_role("operator", **{"X-Tenant-Id": OTHER}).get("/instances"), 404)
+
+
+def test_another_tenants_resources_are_not_found(conn, api, as_role):
+    seq = make_seq(conn, tenant=OTHER, name="theirs")
+    conn.execute(
+        "SELECT orch8.create_webhook_subscription(%s, 'http://127.0.0.1:9/h', 's')", (OTHER,)
+    )
+    theirs, effect_id = fail_with_unknown_receipt(conn, seq, tenant=OTHER)
+    continuity = conn.execute(
+        "SELECT continuity_id FROM orch8.effect_receipts WHERE id = %s", (effect_id,)
+    ).fetchone()[0]
+    for path in [
+        f"/instances/{theirs}",
+        f"/instances/{theirs}/outputs",
+        f"/instances/{theirs}/audit",
+        f"/instances/{theirs}/signals",
+        f"/instances/{theirs}/effects",
+        f"/effects/{effect_id}",
+        f"/continuity/executions/{continuity}/effects",
+        "/sequences/default/theirs",
+        "/sequences/default/theirs/versions",
+        "/sequences/default/theirs/versions/1",
+    ]:
+        problem(api.get(path), 404, "not found")
+    for path, body in [
+        (f"/instances/{theirs}/cancel", None),
+        (f"/instances/{theirs}/pause", None),
+        (f"/instances/{theirs}/resume", None),
+        (f"/instances/{theirs}/retry", None),
+        (f"/instances/{theirs}/signals", {"type": "approved"}),
+        (f"/continuity/effects/{effect_id}/resolve", {"state": "committed", "evidence": {}}),
+        ("/instances", {"sequence": "theirs"}),
+    ]:
+        problem(api.post(path, body), 404, "not found")
+    assert ok(api.get("/instances"))["items"] == []
+    assert ok(api.get("/sequences"))["items"] == []
+    assert ok(api.get("/webhooks/outbox"))["items"] == []
+    # the queue view runs with its owner's rights: the route's tenant filter must hold
+    assert ok(api.get("/effects/unresolved"))["items"] == []
+    theirs_queue = ok(as_role("other").get("/effects/unresolved"))["items"]
+    assert [e["effect_id"] for e in theirs_queue] == [str(effect_id)]
+    # nothing of theirs moved
+    assert (
+        conn.execute(
+            "SELECT state::text FROM orch8.effect_receipts WHERE id = %s", (effect_id,)
+        ).fetchone()[0]
+        == "unknown"
+    )
+    (delivery,) = conn.execute("SELECT id FROM orch8.webhook_outbox").fetchone()
+    problem(api.post(f"/webhooks/outbox/{delivery}/discard"), 404)
+    problem(api.post(f"/webhooks/outbox/{delivery}/redeliver"), 404)
+    assert conn.execute("SELECT state FROM orch8.webhook_outbox").fetchone()[0] == "pending"
+
+
+# --- sequences ---------------------------------------------------------------------------
+
+
+def test_sequences_create_list_and_read(api):
+    first = ok(api.post("/sequences", {"name": "checkout", "definition": HELLO}), 201)
+    assert first["version"] == 1 and first["namespace"] == "default"
+    assert first["definition"] == HELLO
+    second = ok(
+        api.post("/sequences", {"namespace": "default", "name": "checkout", "definition": CHARGE}),
+        201,
+    )
+    assert second["version"] == 2
+    ok(
+        api.post("/sequences", {"namespace": "billing", "name": "invoice", "definition": HELLO}),
+        201,
+    )
+
+    listed = ok(api.get("/sequences"))
+    assert [(s["namespace"], s["name"], s["version"]) for s in listed["items"]] == [
+        ("billing", "invoice", 1),
+        ("default", "checkout", 2),
+    ]
+    assert listed["next_cursor"] is None and "definition" not in listed["items"][0]
+    assert [s["name"] for s in ok(api.get("/sequences?namespace=billing"))["items"]] == ["invoice"]
+    page1 = ok(api.get("/sequences?limit=1"))
+    page2 = ok(api.get(f"/sequences?limit=1&cursor={page1['next_cursor']}"))
+    assert [page1["items"][0]["name"], page2["items"][0]["name"]] == ["invoice", "checkout"]
+    assert page2["next_cursor"] is None
+
+    latest = ok(api.get("/sequences/default/checkout"))
+    assert latest["version"] == 2 and latest["definition"] == CHARGE
+    assert ok(api.get("/sequences/default/checkout/versions/1"))["definition"] == HELLO
+    versions = ok(api.get("/sequences/default/checkout/versions"))["items"]
+    assert [v["version"] for v in versions] == [1, 2]
+
+    problem(api.get("/sequences/default/nope"), 404, "not found")
+    problem(api.get("/sequences/default/nope/versions"), 404)
+    problem(api.get("/sequences/default/checkout/versions/3"), 404)
+    problem(api.get("/sequences/default/checkout/versions/abc"), 422)
+    problem(api.get("/sequences/default/checkout/versions/0"), 422)
+    problem(api.get("/sequences/default/checkout/versions/99999999999"), 422)
+    problem(api.get("/sequences/default/a%00b"), 422)
+    problem(api.get("/sequences?limit=0"), 422)
+    problem(api.get("/sequences?cursor=garbage"), 422)
+    problem(api.get("/sequences?color=red"), 422)
+
+
+def test_an_invalid_definition_lists_every_problem(api):
+    bad = {
+        "blocks": [
+            {"id": "a", "type": "step", "handler": "noop", "retry": {"max_attempts": 0}},
+            {"id": "a", "type": "step"},
+        ],
+        "colour": "blue",
+    }
+    body = problem(api.post("/sequences", {"name": "broken", "definition": bad}), 422)
+    assert body["error"] == "invalid definition"
+    paths = {p["path"] for p in body["problems"]}
+    assert {"$.colour", "$.blocks[0].retry.max_attempts", "$.blocks[1].handler"} <= paths
+    assert all(set(p) == {"path", "message"} for p in body["problems"])
+    problem(api.get("/sequences/default/broken"), 404)  # nothing stored
+    # a name outside its pattern is refused by create_sequence itself
+    body = problem(api.post("/sequences", {"name": "no spaces", "definition": HELLO}), 422)
+    assert "name" in body["detail"]
+    # request shape: every problem, with its field
+    body = problem(api.post("/sequences", {"namespace": 7, "definition": [], "x": 1}), 422)
+    assert {(p["path"], p["message"]) for p in body["problems"]} == {
+        ("x", "unknown field"),
+        ("name", "is required"),
+        ("namespace", "must be a string or null"),
+        ("definition", "must be an object"),
+    }
+
+
+# --- instances ---------------------------------------------------------------------------
+
+
+def test_create_instance_and_idempotency(api):
+    ok(api.post("/sequences", {"name": "hello", "definition": HELLO}), 201)
+    ok(api.post("/sequences", {"name": "hello", "definition": CHARGE}), 201)
+    body = {"sequence": "hello", "data": {"order": 7}, "idempotency_key": "order-7"}
+    first = ok(api.post("/instances", body), 201)
+    assert first["deduplicated"] is False and first["state"] == "scheduled"
+    assert first["sequence_version"] == 2 and first["context"]["data"] == {"order": 7}
+    again = ok(api.post("/instances", {**body, "data": {"order": 8}}), 200)
+    assert again["deduplicated"] is True and again["id"] == first["id"]
+    assert again["context"]["data"] == {"order": 7}
+
+    pinned = ok(
+        api.post(
+            "/instances",
+            {
+                "sequence": "hello",
+                "namespace": "default",
+                "version": 1,
+                "priority": 5,
+                "config": {"currency": "EUR"},
+                "idempotency_key": None,
+            },
+        ),
+        201,
+    )
+    assert pinned["sequence_version"] == 1 and pinned["priority"] == 5
+    assert pinned["context"]["config"] == {"currency": "EUR"}
+
+    problem(api.post("/instances", {"sequence": "nope"}), 404)
+    problem(api.post("/instances", {"sequence": "hello", "version": 9}), 404)
+    for bad in [
+        {"sequence": "hello", "idempotency_key": ""},
+        {"sequence": "hello", "idempotency_key": "k" * 257},
+        {"sequence": "hello", "idempotency_key": "é" * 129},  # 258 bytes
+        {"sequence": "hello", "priority": True},
+        {"sequence": "hello", "priority": 2**31},
+        {"sequence": "hello", "version": 0},
+        {"sequence": "hello", "data": [1]},
+        {"sequence": "hello", "data": {"big": "x" * 300_000}},  # over orch8.max_context_bytes
+    ]:
+        problem(api.post("/instances", bad), 422, "invalid input")
+    assert len(ok(api.get("/instances"))["items"]) == 2
+
+
+def test_list_instances_filters_and_pages(conn, api):
+    ok(api.post("/sequences", {"name": "hello", "definition": HELLO}), 201)
+    ok(api.post("/sequences", {"name": "other", "definition": HELLO}), 201)
+    made = [ok(api.post("/instances", {"sequence": "hello"}), 201)["id"] for _ in range(5)]
+    extra = ok(api.post("/instances", {"sequence": "other"}), 201)["id"]
+    ok(api.post(f"/instances/{made[0]}/pause"))
+
+    seen, cursor, pages = [], None, 0
+    while True:
+        page = ok(
+            api.get(
+                "/instances", query_string={"limit": 2, **({"cursor": cursor} if cursor else {})}
+            )
+        )
+        pages += 1
+        assert len(page["items"]) <= 2
+        seen += [i["id"] for i in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert pages == 3 and seen == [extra, *reversed(made)]  # newest first, no repeats
+    assert "context" not in page["items"][0]
+
+    assert [i["id"] for i in ok(api.get("/instances?state=paused"))["items"]] == [made[0]]
+    assert {i["id"] for i in ok(api.get("/instances?sequence=hello"))["items"]} == set(made)
+    assert ok(api.get("/instances?sequence=hello&namespace=elsewhere"))["items"] == []
+    created = {
+        r[0]: r[1]
+        for r in conn.execute("SELECT id::text, created_at FROM orch8.task_instances").fetchall()
+    }
+    pivot = created[made[2]].isoformat()
+    after = ok(api.get("/instances", query_string={"created_after": pivot}))["items"]
+    assert {i["id"] for i in after} == {made[2], made[3], made[4], extra}
+    before = ok(api.get("/instances", query_string={"created_before": pivot}))["items"]
+    assert {i["id"] for i in before} == {made[0], made[1]}
+    naive = created[made[2]].astimezone(dt.UTC).replace(tzinfo=None)
+    assert (
+        len(ok(api.get("/instances", query_string={"created_after": naive.isoformat()}))["items"])
+        == 4
+    )
+
+    for qs in [
+        "limit=0",
+        "limit=201",
+        "limit=abc",
+        "limit=-1",
+        "state=bogus",
+        "created_after=yesterday",
+        "cursor=!!!",
+        "cursor=WzFd",
+        "limit=1&limit=2",
+        "sort=id",
+        "sequence=a%00b",
+    ]:
+        body = problem(api.get(f"/instances?{qs}"), 422, "invalid input")
+        assert body["problems"] and body["problems"][0]["path"]
+
+
+def test_instance_detail_outputs_audit_and_signals(conn, api, as_role):
+    ok(api.post("/sequences", {"name": "hello", "definition": HELLO}), 201)
+    inst = ok(api.post("/instances", {"sequence": "hello", "data": {"a": 1}}), 201)["id"]
+    detail = ok(api.get(f"/instances/{inst}"))
+    assert detail["context"] == {"data": {"a": 1}, "config": {}, "runtime": {}}
+    assert detail["current_block"] is None and detail["error"] is None
+    assert detail["requested_state"] is None and "lease_token" not in detail
+    assert ok(api.get(f"/instances/{inst}/outputs"))["items"] == []
+    assert [t["to_state"] for t in ok(api.get(f"/instances/{inst}/audit"))["items"]] == [
+        "scheduled"
+    ]
+
+    sent = ok(
+        api.post(f"/instances/{inst}/signals", {"type": "approved", "payload": {"by": "bob"}}), 201
+    )
+    assert sent["outcome"] == "recorded" and sent["state"] == "scheduled"
+    sent = ok(api.post(f"/instances/{inst}/signals", {"type": "pause"}), 201)
+    assert sent["outcome"] == "paused" and sent["state"] == "paused"
+    signals = ok(api.get(f"/instances/{inst}/signals"))["items"]
+    assert [(s["type"], s["payload"], s["actor"]) for s in signals] == [
+        ("approved", {"by": "bob"}, "key:operator-alice"),
+        ("pause", {}, "key:operator-alice"),
+    ]
+    problem(api.post(f"/instances/{inst}/signals", {"type": "not ok!"}), 422)
+    problem(api.post(f"/instances/{inst}/signals", {"payload": {}}), 422)
+
+    missing = uuid.uuid4()
+    for path in ["", "/outputs", "/audit", "/signals", "/effects"]:
+        problem(api.get(f"/instances/{missing}{path}"), 404, "not found")
+        body = problem(api.get(f"/instances/not-a-uuid{path}"), 422, "invalid input")
+        assert body["problems"] == [{"path": "id", "message": "must be a UUID"}]
+    problem(api.get(f"/instances/{inst}?x=1"), 422)
+    problem(as_role("worker").get(f"/instances/{missing}"), 404)
+
+
+def test_cancel_pause_resume(conn, api):
+    ok(api.post("/sequences", {"name": "hello", "definition": HELLO}), 201)
+    inst = ok(api.post("/instances", {"sequence": "hello"}), 201)["id"]
+    assert ok(api.post(f"/instances/{inst}/pause", {"reason": "look first"}))["outcome"] == "paused"
+    assert ok(api.post(f"/instances/{inst}/pause"))["outcome"] == "unchanged"
+    moved = ok(api.post(f"/instances/{inst}/resume", {}))
+    assert moved == {
+        "id": inst,
+        "outcome": "scheduled",
+        "state": "scheduled",
+        "requested_state": None,
+    }
+    body = problem(api.post(f"/instances/{inst}/resume"), 409, "conflict")
+    assert body["current_state"] == "scheduled"
+
+    # a running instance: the request waits for the step boundary
+    token = claim(conn, uuid.UUID(inst))
+    assert token
+    moved = ok(api.post(f"/instances/{inst}/pause"))
+    assert (moved["outcome"], moved["state"], moved["requested_state"]) == (
+        "requested",
+        "running",
+        "paused",
+    )
+    assert ok(api.post(f"/instances/{inst}/resume"))["requested_state"] is None
+    moved = ok(api.post(f"/instances/{inst}/cancel", {"reason": "customer asked"}))
+    assert moved["requested_state"] == "cancelled"
+    # the next step boundary applies it (begin_step; release_lease would drop it, see docs/API.md)
+    outcome = conn.execute(
+        "SELECT outcome FROM orch8.begin_step('acme', %s, %s, 'hello', 'test.api.charge', '{}', 0)",
+        (inst, token),
+    ).fetchone()[0]
+    assert outcome == "stopped"
+    assert ok(api.get(f"/instances/{inst}"))["state"] == "cancelled"
+    body = problem(api.post(f"/instances/{inst}/pause"), 409)
+    assert body["current_state"] == "cancelled"
+    problem(api.post(f"/instances/{inst}/signals", {"type": "resume"}), 409)
+    problem(api.post(f"/instances/{inst}/retry"), 409)
+    audit = ok(api.get(f"/instances/{inst}/audit"))["items"]
+    assert {a["actor"] for a in audit[1:3]} == {"key:operator-alice"}
+    assert audit[1]["reason"] == "look first"
+    # bodies of the moves are checked too
+    problem(api.post(f"/instances/{inst}/cancel", {"why": "x"}), 422)
+    problem(api.post(f"/instances/{inst}/resume", {"reason": "x"}), 422)
+    problem(api.post(f"/instances/{uuid.uuid4()}/cancel"), 404)
+    problem(api.post("/instances/123/cancel"), 422)
+
+
+# --- effects, resolution and retry -------------------------------------------------------
+
+
+def test_effect_lists_queue_and_detail(conn, api):
+    seq = make_seq(conn)
+    inst, effect_id = fail_with_unknown_receipt(conn, seq)
+    receipts = ok(api.get(f"/instances/{inst}/effects"))["items"]
+    assert [(r["id"], r["state"], r["kind"]) for r in receipts] == [
+        (str(effect_id), "unknown", "worker")
+    ]
+    continuity = receipts[0]["continuity_id"]
+    assert ok(api.get(f"/continuity/executions/{continuity}/effects"))["items"] == receipts
+    problem(api.get(f"/continuity/executions/{uuid.uuid4()}/effects"), 404)
+    problem(api.get("/continuity/executions/nope/effects"), 422)
+
+    queue = ok(api.get("/effects/unresolved"))["items"]
+    assert [q["effect_id"] for q in queue] == [str(effect_id)]
+    assert queue[0]["instance_id"] == str(inst) and queue[0]["age_seconds"] >= 0
+    assert queue[0]["idempotency_key"] == "order-7"
+    assert ok(api.get("/effects/unresolved?kind=worker&older_than=0s&limit=1"))["items"]
+    assert ok(api.get("/effects/unresolved?kind=http"))["items"] == []
+    assert ok(api.get("/effects/unresolved?older_than=1d"))["items"] == []
+    for qs in ["kind=bogus", "older_than=10", "older_than=10y", "older_than=1234567d", "limit=500"]:
+        problem(api.get(f"/effects/unresolved?{qs}"), 422)
+
+    shown = ok(api.get(f"/effects/{effect_id}"))
+    assert shown["state"] == "unknown" and shown["block_id"] == "charge"
+    assert [(e["from_state"], e["to_state"]) for e in shown["events"]] == [
+        (None, "planned"),
+        ("planned", "prepared"),
+        ("prepared", "dispatched"),
+        ("dispatched", "unknown"),
+    ]
+    assert shown["invariant_results"] == []
+    problem(api.get(f"/effects/{uuid.uuid4()}"), 404)
+    problem(api.get("/effects/xyz"), 422)
+
+
+def test_effect_detail_names_invariant_results(conn, api):
+    seq = make_seq(
+        conn,
+        {
+            "blocks": [{"type": "step", "id": "charge", "handler": "test.api.charge"}],
+        },
+    )
+    a = conn.execute("SELECT id FROM orch8.create_instance('acme', %s)", (seq,)).fetchone()[0]
+    conn.execute(
+        "SELECT orch8.declare_invariant('acme', 'charge once',"
+        ' \'{"type": "effect_at_most_once", "kind": "worker"}\', true, p_instance_id => %s)',
+        (a,),
+    )
+    token = claim(conn, a)
+    out = conn.execute(
+        "SELECT outcome, effect_id FROM orch8.begin_step('acme', %s, %s, 'charge',"
+        " 'test.api.charge', %s, 0)",
+        (a, token, Jsonb(PARAMS)),
+    ).fetchone()
+    assert out[0] == "dispatched"
+    shown = ok(api.get(f"/effects/{out[1]}"))
+    assert [(r["invariant_name"], r["status"]) for r in shown["invariant_results"]] == [
+        ("charge once", "pass")
+    ]
+
+
+def test_resolve_flow(conn, api, as_role):
+    seq = make_seq(conn)
+    _, effect_id = fail_with_unknown_receipt(conn, seq)
+    url = f"/continuity/effects/{effect_id}/resolve"
+
+    body = problem(api.post(url, {"state": "abandoned", "evidence": {}}), 422, "invalid input")
+    assert "evidence" in body["detail"]
+    body = problem(api.post(url, {"state": "compensated", "evidence": {}}), 422)
+    body = problem(api.post(url, {"state": "committed"}), 422)
+    assert body["problems"] == [{"path": "evidence", "message": "is required"}]
+    body = problem(api.post(url, {"state": "done", "evidence": "yes"}), 422)
+    assert {p["path"] for p in body["problems"]} == {"state", "evidence"}
+    problem(
+        api.post(url, {"state": "committed", "evidence": {}, "provider_receipt_id": "x" * 300}), 422
+    )
+    body = problem(api.post(url, {"state": "dispatched", "evidence": {"a": 1}}), 409, "conflict")
+    assert body["current_state"] == "unknown"
+    body = problem(
+        api.post(url, {"state": "committed", "evidence": {"a": 1}, "expected_state": "dispatched"}),
+        409,
+        "reload before resolving",
+    )
+    assert body["current_state"] == "unknown"
+    problem(as_role("auditor").post(url, {"state": "committed", "evidence": {}}), 403)
+
+    resolved = ok(
+        api.post(
+            url,
+            {
+                "state": "committed",
+                "provider_receipt_id": "ch_3LkP",
+                "evidence": {"checked": "provider dashboard"},
+                "note": "provider shows the charge",
+                "expected_state": "unknown",
+            },
+        )
+    )
+    assert resolved["state"] == "committed" and resolved["provider_receipt_id"] == "ch_3LkP"
+    assert resolved["evidence"]["resolution"]["actor"] == "key:operator-alice"
+    last = ok(api.get(f"/effects/{effect_id}"))["events"][-1]
+    assert (last["from_state"], last["to_state"], last["actor"], last["note"]) == (
+        "unknown",
+        "committed",
+        "key:operator-alice",
+        "provider shows the charge",
+    )
+    # someone resolved it meanwhile: a second operator still expecting unknown must reload
+    body = problem(
+        api.post(url, {"state": "abandoned", "evidence": {"x": 1}, "expected_state": "unknown"}),
+        409,
+        "reload before resolving",
+    )
+    assert body["current_state"] == "committed"
+    # an illegal move names the current state
+    body = problem(api.post(url, {"state": "abandoned", "evidence": {"x": 1}}), 409, "conflict")
+    assert body["current_state"] == "committed"
+    # committed -> compensated is legal, with evidence
+    assert (
+        ok(api.post(url, {"state": "compensated", "evidence": {"refund": "re_1"}}))["state"]
+        == "compensated"
+    )
+    problem(
+        api.post(
+            f"/continuity/effects/{uuid.uuid4()}/resolve", {"state": "committed", "evidence": {}}
+        ),
+        404,
+    )
+    problem(api.post("/continuity/effects/42/resolve", {"state": "committed", "evidence": {}}), 422)
+
+
+def test_retry_while_the_receipt_is_unknown_is_refused_naming_it(conn, api):
+    seq = make_seq(conn)
+    inst, effect_id = fail_with_unknown_receipt(conn, seq)
+    body = problem(api.post(f"/instances/{inst}/retry"), 409, "blocked by an unresolved effect")
+    assert body["effect_id"] == str(effect_id)
+    assert str(effect_id) in body["detail"] and "resolve it" in body["detail"]
+    assert ok(api.get(f"/instances/{inst}"))["state"] == "failed"
+
+
+def test_retry_after_committed_completes_from_evidence_without_sending(db_url, conn, api):
+    seq = make_seq(conn)
+    inst, effect_id = fail_with_unknown_receipt(conn, seq)
+    ok(
+        api.post(
+            f"/continuity/effects/{effect_id}/resolve",
+            {
+                "state": "committed",
+                "provider_receipt_id": "ch_1",
+                "evidence": {"dashboard": "paid"},
+            },
+        )
+    )
+    out = ok(api.post(f"/instances/{inst}/retry"))
+    assert (out["outcome"], out["block_id"], out["effect_id"]) == (
+        "completed_from_evidence",
+        "charge",
+        str(effect_id),
+    )
+    assert out["state"] == "scheduled" and "not sent again" in out["detail"]
+    with running(db_url):
+        assert wait_for(conn, [inst])[inst] == ("completed", None)
+    assert SENT == []  # the handler never ran again
+    outputs = ok(api.get(f"/instances/{inst}/outputs"))["items"]
+    settled = [o for o in outputs if o["block_id"] == "charge" and o["sentinel"] is None]
+    assert settled[0]["output"]["settled_by_operator"] is True
+    assert settled[0]["output"]["provider_receipt_id"] == "ch_1"
+    assert ok(api.get(f"/instances/{inst}"))["state"] == "completed"
+    audit = ok(api.get(f"/instances/{inst}/audit"))["items"]
+    assert any(a["actor"] == "key:operator-alice" and a["to_state"] == "scheduled" for a in audit)
+
+
+def test_retry_after_abandoned_reruns_as_a_new_attempt(db_url, conn, api):
+    seq = make_seq(conn)
+    inst, effect_id = fail_with_unknown_receipt(conn, seq)
+    ok(
+        api.post(
+            f"/continuity/effects/{effect_id}/resolve",
+            {
+                "state": "abandoned",
+                "evidence": {"provider": "no such charge"},
+            },
+        )
+    )
+    out = ok(api.post(f"/instances/{inst}/retry", {}))
+    assert (out["outcome"], out["block_id"], out["effect_id"]) == (
+        "rerun",
+        "charge",
+        str(effect_id),
+    )
+    with running(db_url):
+        assert wait_for(conn, [inst])[inst] == ("completed", None)
+    assert len(SENT) == 1 and SENT[0][0] == 1 and SENT[0][1] != str(effect_id)
+    receipts = ok(api.get(f"/instances/{inst}/effects"))["items"]
+    assert [(r["attempt"], r["state"]) for r in receipts] == [(0, "abandoned"), (1, "committed")]
+
+
+# --- webhooks ----------------------------------------------------------------------------
+
+
+def test_webhook_outbox_list_redeliver_discard(conn, api):
+    conn.execute("SELECT orch8.create_webhook_subscription('acme', 'http://127.0.0.1:9/h', 's')")
+    seq = make_seq(conn)
+    inst, _ = fail_with_unknown_receipt(conn, seq)
+    inst2, _ = fail_with_unknown_receipt(conn, seq)
+    rows = ok(api.get("/webhooks/outbox"))
+    assert [r["instance_id"] for r in rows["items"]] == [str(inst2), str(inst)]  # newest first
+    assert rows["items"][0]["event"] == "instance.failed" and rows["next_cursor"] is None
+    first = ok(api.get("/webhooks/outbox?limit=1"))
+    rest = ok(api.get(f"/webhooks/outbox?limit=1&cursor={first['next_cursor']}"))
+    assert [first["items"][0]["id"], rest["items"][0]["id"]] == [r["id"] for r in rows["items"]]
+    delivery = rows["items"][1]["id"]
+
+    assert ok(api.post(f"/webhooks/outbox/{delivery}/discard")) == {
+        "id": delivery,
+        "state": "discarded",
+    }
+    body = problem(api.post(f"/webhooks/outbox/{delivery}/discard"), 409, "conflict")
+    assert "discarded" in body["detail"]
+    assert [r["id"] for r in ok(api.get("/webhooks/outbox?state=discarded"))["items"]] == [delivery]
+    assert ok(api.post(f"/webhooks/outbox/{delivery}/redeliver", {}))["state"] == "pending"
+    problem(api.post(f"/webhooks/outbox/{delivery}/redeliver"), 409)
+    problem(api.post("/webhooks/outbox/999999/redeliver"), 404)
+    problem(api.post("/webhooks/outbox/abc/discard"), 422)
+    problem(api.post(f"/webhooks/outbox/{2**63}/discard"), 422)
+    problem(api.post(f"/webhooks/outbox/{delivery}/discard", {"force": True}), 422)
+    problem(api.get("/webhooks/outbox?state=lost"), 422)
+
+
+# --- bad input, everywhere ---------------------------------------------------------------
+
+POSTS = [
+    "/sequences",
+    "/instances",
+    "/instances/{inst}/signals",
+    "/instances/{inst}/cancel",
+    "/instances/{inst}/pause",
+    "/instances/{inst}/resume",
+    "/instances/{inst}/retry",
+    "/continuity/effects/{effect}/resolve",
+    "/webhooks/outbox/1/discard",
+    "/webhooks/outbox/1/redeliver",
+]
+TABLES = [
+    "sequences",
+    "task_instances",
+    "instance_transitions",
+    "instance_signals",
+    "effect_receipt_events",
+    "webhook_outbox",
+    "block_outputs",
+]
+
+
+def test_malformed_bodies_are_refused_and_write_nothing(conn, api):
+    seq = make_seq(conn)
+    inst, effect_id = fail_with_unknown_receipt(conn, seq)
+    before = {t: count(conn, t) for t in TABLES}
+    raw = lambda data, ct="application/json": {"data": data, "content_type": ct}  # noqa: E731
+    cases = [
+        (raw("{bad json"), 400),
+        (raw(b"\xff\xfe{}"), 400),
+        (raw('{"a": NaN}'), 400),
+        (raw('{"a": 1e400}'), 400),
+        (raw("[" * 5000 + "]" * 5000), 400),
+        (raw('"just a string"'), 422),
+        (raw("[1, 2]"), 422),
+        (raw('{"state": "committed"}', "text/plain"), 415),
+        (raw('{"zzz_unknown": 1}'), 422),
+        (raw('{"zzz": "\\u0000"}'), 422),
+        (
+            raw(
+                '{"sequence": "\\ud800", "type": "\\ud800", "name": "\\ud800", "state": "\\ud800"}'
+            ),
+            422,
+        ),
+        (raw(json.dumps({"pad": "x" * (1024 * 1024)})), 413),
+    ]
+    for template in POSTS:
+        path = template.format(inst=inst, effect=effect_id)
+        for kwargs, status in cases:
+            resp = api.post(path, **kwargs)
+            problem(resp, status)
+    # nested bad values are found at their path
+    body = problem(api.post("/instances", {"sequence": "s", "data": {"a": [{"b": "\u0000"}]}}), 422)
+    assert body["problems"] == [
+        {"path": "data.a[0].b", "message": "must not contain NUL characters (\\u0000)"}
+    ]
+    body = problem(api.post("/instances", {"sequence": "s", "data": {"\u0000": 1}}), 422)
+    # a body is required where the route needs one
+    problem(api.post("/instances"), 400)
+    problem(api.post(f"/instances/{inst}/signals"), 400)
+    assert {t: count(conn, t) for t in TABLES} == before
+
+
+def test_oversize_body_is_413_json(api):
+    resp = api.post(
+        "/sequences", data=b"{" + b" " * (1024 * 1024 + 10) + b"}", content_type="application/json"
+    )
+    body = problem(resp, 413)
+    assert body["error"] == "request entity too large"
+
+
+def test_get_routes_never_fail_on_odd_paths(api):
+    for path in [
+        "/instances/%00",
+        "/effects/%ff%fe",
+        "/sequences/%20/%20",
+        "/sequences/default/x/versions/-1",
+        "/webhooks/outbox?cursor=%00",
+        "/effects/unresolved?older_than=%00",
+        "/instances?created_after=9999-12-31T23:59:59-23:59",
+        "/instances?created_before=0001-01-01T00:00:00%2B23:59",
+    ]:
+        resp = api.get(path)
+        assert 200 <= resp.status_code < 500 and resp.status_code != 500, (path, resp.status_code)
+        assert resp.is_json
+
+
+def test_deep_json_is_stored_and_read_back_up_to_the_limit(api):
+    ok(api.post("/sequences", {"name": "hello", "definition": HELLO}), 201)
+    deep = '{"sequence": "hello", "data": {"x": ' + "[" * 510 + "]" * 510 + "}}"
+    made = ok(api.post("/instances", data=deep, content_type="application/json"), 201)
+    shown = api.get(f"/instances/{made['id']}")
+    assert shown.status_code == 200 and shown.mimetype == "application/json"
+    assert json.dumps(shown.get_json()["context"]["data"]).count("[") == 510
+    deeper = '{"sequence": "hello", "data": {"x": ' + "[" * 600 + "]" * 600 + "}}"
+    body = problem(api.post("/instances", data=deeper, content_type="application/json"), 422)
+    assert body["problems"][0]["message"] == "nested deeper than 512"
+
+
+def test_a_connection_left_by_tenant_tx_does_not_break_api_authentication(app, api):
+    from flask import g
+
+    from web.db import tenant_tx
+
+    # tenant_tx sets dict_row; authenticate reads rows by position on whichever pooled
+    # connection it gets, so the row factory must not outlive the transaction
+    with app.test_request_context():
+        g.tenant = ACME
+        with tenant_tx() as conn:  # what a console page does
+            conn.execute("SELECT 1")
+    assert api.get("/instances").status_code == 200
