@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: run test lint pgtap pytest bench clean
+.PHONY: run test lint pgtap pytest bench chaos clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,3 +40,7 @@ clean:
 ## bench: the baseline benchmark (docs/PERFORMANCE.md) against ORCH8_DATABASE_URL
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_bench $(BENCH_ARGS)
+
+## chaos: the process-level fault tests at scale (make test runs their short variant)
+chaos: $(STAMP)
+	ORCH8_CHAOS_INSTANCES=3000 ORCH8_CHAOS_RESTARTS=5 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_runner_processes.py
