@@ -184,7 +184,11 @@ class Runner:
         while not stop.is_set():
             self.ticks += 1
             futures = {f for f in futures if not f.done()}
-            free = s.concurrency - len(futures)
+            # Keep up to two batches claimed: the running one and one queued behind it
+            # (leased and heartbeated), and claim only when at least a batch is free, so a
+            # busy runner claims many instances per round trip instead of one at a time.
+            outstanding = len(futures)
+            free = 2 * s.concurrency - outstanding if outstanding <= s.concurrency else 0
             claimed: list[dict] = []
             if free > 0:
                 try:
