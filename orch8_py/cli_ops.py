@@ -615,7 +615,7 @@ def instances_signal(args, url: str) -> int:
 
 
 def add_parsers(sub, tenant_default: str = DEFAULT_TENANT) -> None:
-    from . import cli_effects, cli_keys
+    from . import cli_effects, cli_keys, cli_webhooks
 
     def common(sp):
         sp.add_argument(
@@ -699,3 +699,4 @@ def add_parsers(sub, tenant_default: str = DEFAULT_TENANT) -> None:
 
     cli_effects.add_parsers(sub, common, actor)
     cli_keys.add_parsers(sub, common)
+    cli_webhooks.add_parsers(sub, common)

@@ -439,3 +439,28 @@ def test_api_keys(db_url, conn):
             (2, ("api-key", "create", "--role", "admin", "--tenant", "bad tenant"), ("tenant",)),
         ],
     )
+
+
+def test_webhook_subscriptions_from_the_cli(db_url):
+    import json as _json
+
+    from tests.cli_helpers import orch8_env, run_orch8
+
+    env = orch8_env(ORCH8_DATABASE_URL=db_url)
+    made = run_orch8(
+        "webhooks",
+        "subscribe",
+        "https://hooks.example/orch8",
+        "--event",
+        "instance.failed",
+        "--json",
+        env=env,
+    )
+    assert made.returncode == 0, made.stderr
+    created = _json.loads(made.stdout)
+    assert created["events"] == ["instance.failed"] and len(created["secret"]) > 20
+    listed = _json.loads(run_orch8("webhooks", "list", "--json", env=env).stdout)
+    assert [s["url"] for s in listed] == ["https://hooks.example/orch8"]
+    bad = run_orch8("webhooks", "subscribe", "ftp://x.example/", env=env)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert run_orch8("webhooks", "outbox", env=env).stdout.strip() == "the outbox is empty"

@@ -1,0 +1,109 @@
+"""`orch8 webhooks subscribe|list|outbox`: a tenant's webhook subscriptions and what
+waits in the outbox (delivery itself runs in every runner process)."""
+
+from __future__ import annotations
+
+import secrets
+
+from psycopg.rows import dict_row
+
+from . import db
+from .cli_ops import EXIT_OK, command, emit, table
+
+EVENTS = ("instance.completed", "instance.failed")
+
+
+@command
+def webhooks_subscribe(args, url: str) -> int:
+    secret = args.secret or secrets.token_urlsafe(32)
+    with db.connect(url, autocommit=True) as conn, db.engine_errors():
+        sub_id = conn.execute(
+            "SELECT orch8.create_webhook_subscription(%s, %s, %s, %s)",
+            (args.tenant, args.url, secret, args.events or list(EVENTS)),
+        ).fetchone()[0]
+    result = {"id": sub_id, "url": args.url, "events": args.events or list(EVENTS)}
+    if not args.secret:
+        result["secret"] = secret
+    text = f"subscribed {args.url} to {', '.join(result['events'])} (subscription {sub_id})"
+    if not args.secret:
+        text += f"\nsigning secret (verify X-Orch8-Signature with it): {secret}"
+    emit(result, args.json, text)
+    return EXIT_OK
+
+
+@command
+def webhooks_list(args, url: str) -> int:
+    with db.connect(url, autocommit=True) as conn, conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            "SELECT id, url, events, enabled, created_at FROM orch8.webhook_subscriptions"
+            " WHERE tenant_id = %s ORDER BY created_at",
+            (args.tenant,),
+        ).fetchall()
+    text = (
+        table(
+            ["id", "url", "events", "enabled", "created"],
+            [
+                (r["id"], r["url"], ",".join(r["events"]), r["enabled"], r["created_at"])
+                for r in rows
+            ],
+        )
+        if rows
+        else f"no webhook subscriptions in tenant {args.tenant!r}"
+    )
+    emit(rows, args.json, text)
+    return EXIT_OK
+
+
+@command
+def webhooks_outbox(args, url: str) -> int:
+    with db.connect(url, autocommit=True) as conn, conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            "SELECT id, event, instance_id, state, attempts, next_attempt_at, last_status,"
+            " last_error FROM orch8.webhook_outbox WHERE tenant_id = %s"
+            " AND (%s::text IS NULL OR state = %s) ORDER BY id DESC LIMIT %s",
+            (args.tenant, args.state, args.state, args.limit),
+        ).fetchall()
+    text = (
+        table(
+            ["id", "event", "instance", "state", "attempts", "next attempt", "last"],
+            [
+                (
+                    r["id"],
+                    r["event"],
+                    r["instance_id"],
+                    r["state"],
+                    r["attempts"],
+                    r["next_attempt_at"],
+                    r["last_status"] or r["last_error"] or "-",
+                )
+                for r in rows
+            ],
+        )
+        if rows
+        else "the outbox is empty"
+    )
+    emit(rows, args.json, text)
+    return EXIT_OK
+
+
+def add_parsers(sub, common) -> None:
+    hooks = sub.add_parser("webhooks", help="webhook subscriptions and the outbox")
+    hooksub = hooks.add_subparsers(dest="hook_command", required=True, metavar="COMMAND")
+    subscribe = hooksub.add_parser("subscribe", help="send instance events to a URL, signed")
+    subscribe.add_argument("url", help="http(s) endpoint")
+    subscribe.add_argument(
+        "--event", dest="events", action="append", choices=EVENTS, help="repeatable; default both"
+    )
+    subscribe.add_argument("--secret", default=None, help="signing secret (default: generated)")
+    common(subscribe)
+    subscribe.set_defaults(db_func=webhooks_subscribe)
+    lst = hooksub.add_parser("list", help="the tenant's subscriptions")
+    common(lst)
+    lst.set_defaults(db_func=webhooks_list)
+    outbox = hooksub.add_parser("outbox", help="deliveries, newest first")
+    outbox.add_argument(
+        "--state", choices=("pending", "delivering", "delivered", "parked", "discarded")
+    )
+    outbox.add_argument("--limit", type=int, default=50)
+    common(outbox)
+    outbox.set_defaults(db_func=webhooks_outbox)
