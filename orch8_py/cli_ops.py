@@ -35,6 +35,7 @@ from .errors import (
     StaleEffect,
 )
 from .sequences import InvalidSequence, create_sequence, load_definition_file
+from .states import INSTANCE_STATES
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -44,15 +45,6 @@ EXIT_STALE = 4
 
 DEFAULT_TENANT = "default"
 
-INSTANCE_STATES = (
-    "scheduled",
-    "running",
-    "waiting",
-    "paused",
-    "completed",
-    "failed",
-    "cancelled",
-)
 
 MAX_LIMIT = 10_000
 

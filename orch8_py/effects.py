@@ -22,17 +22,9 @@ from psycopg.types.json import Jsonb
 
 from .db import engine_errors
 from .errors import EffectBlocked, InvariantViolation, StaleEffect
+from .states import EFFECT_STATES
 
-STATES = (
-    "planned",
-    "prepared",
-    "dispatched",
-    "committed",
-    "unknown",
-    "verified",
-    "compensated",
-    "abandoned",
-)
+STATES = EFFECT_STATES
 
 TRANSITIONS = {
     "planned": {"prepared", "abandoned"},

@@ -39,6 +39,7 @@ from psycopg_pool import PoolTimeout
 from werkzeug.exceptions import HTTPException
 
 from orch8_py import errors
+from orch8_py.states import EFFECT_KINDS, EFFECT_STATES, INSTANCE_STATES
 
 from .auth import authenticate
 from .db import pool, tenant_tx
@@ -63,27 +64,10 @@ MAX_PRETTY_CHARS = 100_000
 
 CONSOLE_ROLES = ("operator", "auditor", "admin")
 WRITE_ROLES = ("operator", "admin")
-INSTANCE_STATES = (
-    "scheduled",
-    "running",
-    "waiting",
-    "paused",
-    "completed",
-    "failed",
-    "cancelled",
-)
+
 CANCELLABLE = ("scheduled", "running", "waiting", "paused")
-EFFECT_KINDS = ("http", "model", "message", "storage", "custom", "worker")
-EFFECT_STATES = (
-    "planned",
-    "prepared",
-    "dispatched",
-    "committed",
-    "unknown",
-    "verified",
-    "compensated",
-    "abandoned",
-)
+
+
 # What an operator may resolve a receipt to (orch8.resolve_effect), by its current state.
 RESOLVE_TARGETS = {
     "unknown": ("committed", "verified", "abandoned", "compensated"),

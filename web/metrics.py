@@ -29,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from orch8_py import metrics as process_metrics
+from orch8_py.states import INSTANCE_STATES, OUTBOX_STATES
 
 log = logging.getLogger("orch8.web.metrics")
 
@@ -38,16 +39,7 @@ POOL_TIMEOUT = 2.0  # seconds to wait for a connection before reporting the data
 STATEMENT_TIMEOUT = "5s"  # the scrape query never holds a pool connection longer
 
 # Zero-filled per tenant, so a state that appears later has a series to compare against.
-INSTANCE_STATES = (
-    "scheduled",
-    "running",
-    "waiting",
-    "paused",
-    "completed",
-    "failed",
-    "cancelled",
-)
-OUTBOX_STATES = ("pending", "delivering", "delivered", "parked", "discarded")
+
 
 # One statement, small aggregates: (metric, tenant, kind, state, n, seconds).
 QUERY = """

@@ -10,6 +10,7 @@ from flask import Blueprint, g
 from psycopg.types.json import Jsonb
 
 from orch8_py import errors
+from orch8_py.states import EFFECT_STATES
 
 from ..auth import OPERATOR, require
 from ..db import tenant_tx
@@ -28,16 +29,6 @@ from .validation import (
 
 bp = Blueprint("effects", __name__)
 
-EFFECT_STATES = (
-    "planned",
-    "prepared",
-    "dispatched",
-    "committed",
-    "unknown",
-    "verified",
-    "compensated",
-    "abandoned",
-)
 KINDS = ("http", "model", "message", "storage", "custom", "worker")
 
 RECEIPT = (

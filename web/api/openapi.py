@@ -10,24 +10,17 @@ from typing import Any
 
 from flask import Blueprint, jsonify
 
+from orch8_py import states
+
 from .validation import INT32_MAX, INT32_MIN, INT64_MAX
 
 bp = Blueprint("openapi", __name__)
 
 PREFIX = "/api/v1"
 
-INSTANCE_STATES = ["scheduled", "running", "waiting", "paused", "completed", "failed", "cancelled"]
-EFFECT_STATES = [
-    "planned",
-    "prepared",
-    "dispatched",
-    "committed",
-    "unknown",
-    "verified",
-    "compensated",
-    "abandoned",
-]
-KINDS = ["http", "model", "message", "storage", "custom", "worker"]
+INSTANCE_STATES = list(states.INSTANCE_STATES)
+EFFECT_STATES = list(states.EFFECT_STATES)
+KINDS = list(states.EFFECT_KINDS)
 WEBHOOK_STATES = ["pending", "delivering", "delivered", "parked", "discarded"]
 
 # --- schema helpers ----------------------------------------------------------------------
