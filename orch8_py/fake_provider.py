@@ -143,6 +143,9 @@ class FakeProvider:
         class Server(ThreadingHTTPServer):
             daemon_threads = True
             address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            # socketserver listens with a backlog of 5; a runner posting from many threads
+            # overflows it and the kernel resets connections (an ambiguous "unknown").
+            request_queue_size = 1024
 
             def handle_error(self, request, client_address):  # quiet on client hang-ups
                 pass

@@ -186,6 +186,10 @@ class Provider:
         class Server(ThreadingHTTPServer):
             daemon_threads = True
             address_family = family
+            # socketserver's default backlog is 5: with 16 runner threads posting at once the
+            # kernel overflows it and resets connections, which the engine rightly records as
+            # "may have been received". Real providers listen with a deep backlog.
+            request_queue_size = 1024
 
             def handle_error(self, request, client_address):  # quiet on client hang-ups
                 pass
