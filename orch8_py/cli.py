@@ -12,7 +12,19 @@ import threading
 import warnings
 from contextlib import contextmanager
 
-from . import __version__, cli_ops, config, db, demo, metrics, migrate
+from . import (
+    __version__,
+    cli_effects,
+    cli_instances,
+    cli_keys,
+    cli_sequences,
+    cli_webhooks,
+    config,
+    db,
+    demo,
+    metrics,
+    migrate,
+)
 from .embedded import EmbeddedPostgres
 from .errors import ConfigError, Orch8Error
 from .runner import Runner
@@ -256,7 +268,8 @@ def parser(settings: config.Settings | None) -> argparse.ArgumentParser:
     web_flags(serve)
     serve.add_argument("--threads", type=int, default=8, help="worker threads (default 8)")
     serve.set_defaults(func=cmd_serve)
-    cli_ops.add_parsers(sub)
+    for commands in (cli_sequences, cli_instances, cli_effects, cli_keys, cli_webhooks):
+        commands.add_parsers(sub)
     dp = sub.add_parser(
         "demo",
         help="run a checkout on a fake payment provider, crash one order, show how to resolve it",

@@ -9,10 +9,12 @@ import json
 from psycopg.rows import dict_row
 
 from . import db, effects
-from .cli_ops import (
+from .cli_common import (
     EXIT_OK,
+    actor_flag,
     check_limit,
     command,
+    common_flags,
     emit,
     indent,
     parse_duration,
@@ -21,8 +23,8 @@ from .cli_ops import (
     tenant_flag,
     ts,
 )
-from .cli_ops import actor_of as _actor_of
-from .cli_ops import json_object as _json_object
+from .cli_common import actor_of as _actor_of
+from .cli_common import json_object as _json_object
 from .errors import NotFound
 
 KINDS = ("http", "model", "message", "storage", "custom", "worker")
@@ -243,7 +245,7 @@ def effects_resolve(args, url: str) -> int:
     return EXIT_OK
 
 
-def add_parsers(sub, common, actor) -> None:
+def add_parsers(sub) -> None:
     eff = sub.add_parser("effects", help="effect receipts: the unresolved queue, resolution")
     effsub = eff.add_subparsers(dest="effects_command", required=True, metavar="COMMAND")
 
@@ -258,12 +260,12 @@ def add_parsers(sub, common, actor) -> None:
         help="only receipts older than this: 30s, 10m, 2h, 1d",
     )
     unresolved.add_argument("--limit", type=int, default=100, help="at most N rows (default 100)")
-    common(unresolved)
+    common_flags(unresolved)
     unresolved.set_defaults(db_func=effects_unresolved)
 
     show = effsub.add_parser("show", help="one receipt: every evidence field and its history")
     show.add_argument("id", help="effect id")
-    common(show)
+    common_flags(show)
     show.set_defaults(db_func=effects_show)
 
     resolve = effsub.add_parser(
@@ -294,6 +296,6 @@ def add_parsers(sub, common, actor) -> None:
         metavar="STATE",
         help="refuse (exit 4) unless the receipt is still in this state (e.g. unknown)",
     )
-    actor(resolve)
-    common(resolve)
+    actor_flag(resolve)
+    common_flags(resolve)
     resolve.set_defaults(db_func=effects_resolve)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from psycopg.rows import dict_row
 
 from . import apikeys, db
-from .cli_ops import EXIT_OK, command, emit, parse_uuid, table, ts
+from .cli_common import EXIT_OK, command, common_flags, emit, parse_uuid, table, ts
 from .errors import NotFound
 
 WARNING = (
@@ -106,18 +106,18 @@ def api_key_revoke(args, url: str) -> int:
     return EXIT_OK
 
 
-def add_parsers(sub, common) -> None:
+def add_parsers(sub) -> None:
     keys = sub.add_parser("api-key", help="API keys for the operator service")
     keysub = keys.add_subparsers(dest="key_command", required=True, metavar="COMMAND")
     create = keysub.add_parser("create", help="create a key; its secret is printed once")
     create.add_argument("--role", required=True, choices=apikeys.ROLES)
     create.add_argument("--name", default=None, help="a label (default: the role)")
-    common(create)
+    common_flags(create)
     create.set_defaults(db_func=api_key_create)
     lst = keysub.add_parser("list", help="the tenant's keys (never their secrets)")
-    common(lst)
+    common_flags(lst)
     lst.set_defaults(db_func=api_key_list)
     revoke = keysub.add_parser("revoke", help="revoke a key at once")
     revoke.add_argument("id", help="key id (from `orch8 api-key list`)")
-    common(revoke)
+    common_flags(revoke)
     revoke.set_defaults(db_func=api_key_revoke)

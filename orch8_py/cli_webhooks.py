@@ -8,7 +8,7 @@ import secrets
 from psycopg.rows import dict_row
 
 from . import db
-from .cli_ops import EXIT_OK, command, emit, table
+from .cli_common import EXIT_OK, command, common_flags, emit, table
 
 EVENTS = ("instance.completed", "instance.failed")
 
@@ -86,7 +86,7 @@ def webhooks_outbox(args, url: str) -> int:
     return EXIT_OK
 
 
-def add_parsers(sub, common) -> None:
+def add_parsers(sub) -> None:
     hooks = sub.add_parser("webhooks", help="webhook subscriptions and the outbox")
     hooksub = hooks.add_subparsers(dest="hook_command", required=True, metavar="COMMAND")
     subscribe = hooksub.add_parser("subscribe", help="send instance events to a URL, signed")
@@ -95,15 +95,15 @@ def add_parsers(sub, common) -> None:
         "--event", dest="events", action="append", choices=EVENTS, help="repeatable; default both"
     )
     subscribe.add_argument("--secret", default=None, help="signing secret (default: generated)")
-    common(subscribe)
+    common_flags(subscribe)
     subscribe.set_defaults(db_func=webhooks_subscribe)
     lst = hooksub.add_parser("list", help="the tenant's subscriptions")
-    common(lst)
+    common_flags(lst)
     lst.set_defaults(db_func=webhooks_list)
     outbox = hooksub.add_parser("outbox", help="deliveries, newest first")
     outbox.add_argument(
         "--state", choices=("pending", "delivering", "delivered", "parked", "discarded")
     )
     outbox.add_argument("--limit", type=int, default=50)
-    common(outbox)
+    common_flags(outbox)
     outbox.set_defaults(db_func=webhooks_outbox)
