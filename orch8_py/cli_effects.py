@@ -26,8 +26,8 @@ from .cli_common import (
 from .cli_common import actor_of as _actor_of
 from .cli_common import json_object as _json_object
 from .errors import NotFound
+from .states import EFFECT_KINDS
 
-KINDS = ("http", "model", "message", "storage", "custom", "worker")
 RESOLVE_STATES = ("committed", "verified", "abandoned", "compensated")
 
 
@@ -252,7 +252,9 @@ def add_parsers(sub) -> None:
     unresolved = effsub.add_parser(
         "unresolved", help="receipts that may have happened and nobody settled, oldest first"
     )
-    unresolved.add_argument("--kind", choices=KINDS, default=None, help="only this effect kind")
+    unresolved.add_argument(
+        "--kind", choices=EFFECT_KINDS, default=None, help="only this effect kind"
+    )
     unresolved.add_argument(
         "--older-than",
         default=None,

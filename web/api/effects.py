@@ -10,7 +10,7 @@ from flask import Blueprint, g
 from psycopg.types.json import Jsonb
 
 from orch8_py import errors
-from orch8_py.states import EFFECT_STATES
+from orch8_py.states import EFFECT_KINDS, EFFECT_STATES
 
 from ..auth import OPERATOR, require
 from ..db import tenant_tx
@@ -29,7 +29,6 @@ from .validation import (
 
 bp = Blueprint("effects", __name__)
 
-KINDS = ("http", "model", "message", "storage", "custom", "worker")
 
 RECEIPT = (
     "id, continuity_id, epoch, instance_id, block_id, attempt, kind, state::text AS state,"
@@ -85,7 +84,9 @@ def of_continuity(continuity_id: str):
 @bp.get("/effects/unresolved")
 @require(*OPERATOR)
 def unresolved():
-    q = query({"kind": one_of(*KINDS), "older_than": duration, "limit": LIMIT}, {"limit": 50})
+    q = query(
+        {"kind": one_of(*EFFECT_KINDS), "older_than": duration, "limit": LIMIT}, {"limit": 50}
+    )
     # RLS confines the view (security_invoker); the tenant filter is kept as a second guard
     where = ["tenant_id = %s"]
     args: list = [g.tenant]
