@@ -1,0 +1,61 @@
+"""Logging in with an API key, logging out, and ``/`` leading to the console."""
+
+from __future__ import annotations
+
+import time
+
+from flask import flash, redirect, render_template, request, session, url_for
+
+from ..auth import authenticate
+from .blueprint import bp, log
+from .session import CONSOLE_ROLES, SESSION_KEY, csrf_token, current_user, safe_next
+
+
+def root():
+    return redirect(url_for("console.dashboard"))
+
+
+@bp.record_once
+def _register_root(state) -> None:
+    """``/`` leads people to the console (registered with the blueprint, once per app)."""
+    state.app.add_url_rule("/", endpoint="console_root", view_func=root, methods=["GET"])
+
+
+@bp.route("/login", methods=["GET", "POST"])
+def login():
+    next_url = safe_next(request.values.get("next"))
+    if request.method == "GET":
+        if current_user() is not None:
+            return redirect(next_url or url_for("console.dashboard"))
+        return render_template("console/login.html", user=None, next_url=next_url)
+    secret = request.form.get("api_key", "").strip()
+    principal = authenticate(secret) if secret else None
+    if principal is None:
+        flash("Unknown or revoked API key.", "error")
+        return render_template("console/login.html", user=None, next_url=next_url), 401
+    if principal["role"] not in CONSOLE_ROLES:
+        flash(f"A {principal['role']} key cannot use the console.", "error")
+        return render_template("console/login.html", user=None, next_url=next_url), 403
+    session.clear()  # a fresh session (and CSRF token) for the new identity
+    session[SESSION_KEY] = {
+        "tenant": principal["tenant"],
+        "role": principal["role"],
+        "key_id": str(principal["key_id"]),
+        "name": principal["name"],
+        "at": time.time(),
+    }
+    csrf_token()
+    log.info(
+        "event=console.login tenant=%s key_id=%s role=%s",
+        principal["tenant"],
+        principal["key_id"],
+        principal["role"],
+    )
+    return redirect(next_url or url_for("console.dashboard"))
+
+
+@bp.post("/logout")
+def logout():
+    session.clear()
+    flash("Logged out.", "ok")
+    return redirect(url_for("console.login"))

@@ -1,0 +1,73 @@
+"""Rendering a console page, and the pages shown instead when something goes wrong."""
+
+from __future__ import annotations
+
+import psycopg
+from flask import abort, g, render_template
+from psycopg_pool import PoolTimeout
+from werkzeug.exceptions import HTTPException
+
+from orch8_py import errors
+
+from .blueprint import bp, log
+from .session import can_write, current_user
+
+
+def queue_depth(conn) -> int:
+    return conn.execute(
+        "SELECT count(*) AS n FROM orch8.unresolved_effects WHERE tenant_id = %s", (g.tenant,)
+    ).fetchone()["n"]
+
+
+def page(template: str, conn, status: int = 200, **ctx):
+    ctx.setdefault("nav_queue", queue_depth(conn))
+    return render_template(
+        f"console/{template}",
+        user=current_user(),
+        can_write=can_write(),
+        **ctx,
+    ), status
+
+
+# --- error pages ----------------------------------------------------------------------
+
+
+def _error_page(status: int, title: str, message: str):
+    user = current_user()
+    if user is not None:
+        g.role = user["role"]
+    return render_template(
+        "console/error.html", status=status, title=title, message=message, user=user
+    ), status
+
+
+@bp.errorhandler(HTTPException)
+def _http_error(exc: HTTPException):
+    status = exc.code or 500
+    messages = {404: "There is no such page, or nothing with that id in your tenant."}
+    message = messages.get(status) or exc.description or "error"
+    return _error_page(status, f"{status} {exc.name}", message)
+
+
+@bp.errorhandler(errors.NotFound)
+def _engine_not_found(exc):
+    return _error_page(404, "404 Not Found", "Nothing with that id in your tenant.")
+
+
+@bp.errorhandler(PoolTimeout)
+@bp.errorhandler(psycopg.OperationalError)
+def _unavailable(exc):
+    log.warning("event=console.db_unavailable error=%r", str(exc)[:200])
+    return _error_page(503, "Database unavailable", "The database cannot be reached. Try again.")
+
+
+@bp.errorhandler(Exception)
+def _internal(exc):
+    log.exception("event=console.internal_error")
+    return _error_page(500, "Something went wrong", "The error was logged. Try again.")
+
+
+# Any other path under /console gets the console's own 404 page, not the app's.
+@bp.route("/<path:rest>", methods=["GET", "POST"])
+def not_found(rest: str):
+    abort(404)

@@ -1,0 +1,130 @@
+"""Who is logged in, what they may do, and the guards every console request passes:
+the login session, CSRF, the role checks, safe redirects and the security headers."""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import secrets
+import time
+import uuid
+from urllib.parse import urlsplit
+
+import psycopg
+from flask import abort, g, redirect, request, session, url_for
+from psycopg_pool import PoolTimeout
+
+from ..db import pool
+from .blueprint import bp
+
+SESSION_KEY = "console"
+CSRF_KEY = "console_csrf"
+SESSION_MAX_AGE = 12 * 3600  # seconds after login before the console asks for the key again
+
+CONSOLE_ROLES = ("operator", "auditor", "admin")
+WRITE_ROLES = ("operator", "admin")
+
+
+def csrf_token() -> str:
+    token = session.get(CSRF_KEY)
+    if not token:
+        token = session[CSRF_KEY] = secrets.token_urlsafe(32)
+    return token
+
+
+def current_user() -> dict | None:
+    user = session.get(SESSION_KEY)
+    if not isinstance(user, dict):
+        return None
+    if time.time() - float(user.get("at", 0)) > SESSION_MAX_AGE:
+        session.pop(SESSION_KEY, None)
+        return None
+    # a revoked key ends its sessions at once
+    try:
+        with pool().connection() as conn:
+            active = conn.execute(
+                "SELECT orch8.api_key_active(%s)", (uuid.UUID(str(user["key_id"])),)
+            ).fetchone()[0]
+    except (PoolTimeout, psycopg.OperationalError):
+        return user  # cannot check now; the page itself will report the outage
+    if not active:
+        session.pop(SESSION_KEY, None)
+        return None
+    return user
+
+
+def can_write() -> bool:
+    return g.get("role") in WRITE_ROLES
+
+
+def safe_next(target: str | None) -> str | None:
+    """Only a path inside the console: never another host (no open redirect)."""
+    if not target:
+        return None
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or not parts.path.startswith("/console/"):
+        return None
+    if "\\" in target or target.startswith("//"):
+        return None
+    return target
+
+
+def login_required(view):
+    @functools.wraps(view)
+    def wrapped(*args, **kwargs):
+        user = current_user()
+        if user is None:
+            if request.method == "GET":
+                return redirect(url_for("console.login", next=request.full_path.rstrip("?")))
+            abort(401, "log in first")
+        g.tenant = user["tenant"]
+        g.role = user["role"]
+        g.key_id = user["key_id"]
+        g.user_name = user["name"]
+        g.actor = f"key:{user['name']}"
+        return view(*args, **kwargs)
+
+    return wrapped
+
+
+def write_required(view):
+    """For POST actions: operators and admins only (checked after login_required)."""
+
+    @functools.wraps(view)
+    def wrapped(*args, **kwargs):
+        if not can_write():
+            abort(403, f"a {g.role} key can only read: this action needs an operator key")
+        return view(*args, **kwargs)
+
+    return wrapped
+
+
+@bp.before_request
+def _check_csrf():
+    if request.method not in ("POST", "PUT", "PATCH", "DELETE"):
+        return None
+    expected = session.get(CSRF_KEY)
+    sent = request.form.get("csrf_token", "")
+    if not expected or not sent or not hmac.compare_digest(str(expected), str(sent)):
+        abort(403, "the form's security token is missing or expired: reload the page and retry")
+    return None
+
+
+@bp.after_request
+def _headers(resp):
+    resp.headers.setdefault(
+        "Content-Security-Policy",
+        "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
+        "form-action 'self'; frame-ancestors 'none'",
+    )
+    resp.headers.setdefault("X-Frame-Options", "DENY")
+    resp.headers.setdefault("X-Content-Type-Options", "nosniff")
+    resp.headers.setdefault("Referrer-Policy", "same-origin")
+    if request.endpoint != "console.static":
+        resp.headers.setdefault("Cache-Control", "no-store")
+    return resp
+
+
+@bp.app_template_global("console_csrf_token")
+def _csrf_token_global() -> str:
+    return csrf_token()
