@@ -139,6 +139,24 @@ def test_login_with_a_bad_key_fails_with_a_message(app, keys):
     assert worker.status_code == 403 and "cannot use the console" in worker.text
 
 
+@pytest.mark.parametrize("secure", ["1", None])
+def test_session_cookie_flags(db_url, keys, monkeypatch, secure):
+    if secure:
+        monkeypatch.setenv("ORCH8_SECURE_COOKIES", secure)
+    else:
+        monkeypatch.delenv("ORCH8_SECURE_COOKIES", raising=False)
+    app = create_app(db_url, secret_key="console-test-secret")
+    try:
+        resp = login(app.test_client(), keys["operator"])
+        assert resp.status_code == 302
+        [cookie] = [c for c in resp.headers.getlist("Set-Cookie") if c.startswith("session=")]
+        flags = {part.strip().split("=")[0].lower() for part in cookie.split(";")[1:]}
+        assert {"httponly", "samesite"} <= flags
+        assert ("secure" in flags) == bool(secure)
+    finally:
+        app.extensions["orch8.pool"].close()
+
+
 def test_login_keeps_who_not_the_secret_and_logout_forgets(app, keys, conn):
     client = app.test_client()
     resp = login(client, keys["operator"])

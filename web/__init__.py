@@ -24,6 +24,8 @@ def create_app(database_url: str, *, secret_key: str | None = None) -> Flask:
         MAX_CONTENT_LENGTH=MAX_BODY_BYTES,
         SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Lax",
+        # Behind TLS (a proxy that terminates it), the cookie must never travel in clear.
+        SESSION_COOKIE_SECURE=os.environ.get("ORCH8_SECURE_COOKIES") == "1",
         JSON_SORT_KEYS=False,
     )
     # Opened lazily: the app starts (and /health/live answers) while PostgreSQL is down.
