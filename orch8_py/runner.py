@@ -90,7 +90,12 @@ class Runner:
         self.lock = threading.Lock()
         self.definitions: dict[tuple[str, uuid.UUID], dict] = {}
         self.pure_handlers: set[str] | None = None
-        self.handler_pool = cf.ThreadPoolExecutor(s.concurrency * 2, thread_name_prefix="handler")
+        # Twice the instance threads: a handler that overran its timeout keeps its thread
+        # (Python cannot kill one), and the spare threads keep steps flowing meanwhile.
+        self.handler_threads = s.concurrency * 2
+        self.handler_pool = cf.ThreadPoolExecutor(
+            self.handler_threads, thread_name_prefix="handler"
+        )
         self.round_trips = 0  # database calls made on the step path (counted for the bench)
         self.ticks = 0
         self.steps_run = 0
@@ -461,6 +466,19 @@ class Runner:
             output = future.result(timeout=timeout)
             return "ok", output if output is not None else {}, None, None, True
         except cf.TimeoutError:
+            if future.cancel():
+                # Every handler thread is still busy with calls that overran their own
+                # timeouts, and this call never started. Cancelled, it never will: nothing
+                # was sent, so the receipt is abandoned with that evidence, not left unknown
+                # (and no late send can follow the retry).
+                log.warning(
+                    "event=step.not_started handler_threads=%d timeout=%gs",
+                    self.handler_threads,
+                    timeout,
+                )
+                evidence = {"not_started": True, "reason": "every handler thread was busy"}
+                message = f"did not start within {timeout:g}s: every handler thread was busy"
+                return "not_applied", evidence, message, "timeout", True
             # the call may still complete: ambiguous, so the receipt becomes unknown
             return "error", {}, f"timed out after {timeout:g}s", "timeout", True
         except StaleLease as exc:  # e.g. set_state found the lease gone

@@ -3,6 +3,7 @@ and the two-round-trip budget of a guarded step."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import psycopg
@@ -29,6 +30,17 @@ def charge(params, ctx):
 @handler("test.permanent")
 def permanent(params, ctx):
     raise StepError("card declined", code="card_declined")
+
+
+HUNG: list = []  # effect ids of test.hang calls that started
+RELEASE = threading.Event()
+
+
+@handler("test.hang")
+def hang(params, ctx):
+    HUNG.append(ctx.effect_id)
+    RELEASE.wait(30)
+    return {"receipt_id": "late"}
 
 
 @pytest.fixture
@@ -231,3 +243,42 @@ def test_guarded_step_costs_two_round_trips(db_url, conn):
             (instance,),
         ).fetchone()[0]
     assert n == 3
+
+
+def test_a_call_that_never_started_is_abandoned_not_unknown(db_url, conn):
+    """One instance thread gives two handler threads. Two calls overrun their timeout and
+    keep both threads; the third call waits in the queue past its own timeout. It is
+    cancelled, so it never runs: its receipt is abandoned (nothing was sent), while the two
+    that did start stay unknown."""
+    seq = make_sequence(
+        conn,
+        [
+            {
+                "type": "step",
+                "id": "charge",
+                "handler": "test.hang",
+                "timeout": 300,
+                "retry": {"max_attempts": 1},
+            }
+        ],
+    )
+    HUNG.clear()
+    RELEASE.clear()
+    instances = [start(conn, seq, {}) for _ in range(3)]
+    try:
+        with running(db_url, concurrency=1):
+            done = wait_for(conn, instances, timeout=30)
+    finally:
+        RELEASE.set()
+    assert {state for state, _ in done.values()} == {"failed"}
+    rows = conn.execute(
+        "SELECT id, state::text, evidence FROM orch8.effect_receipts WHERE instance_id = ANY(%s)",
+        (instances,),
+    ).fetchall()
+    started = {r[0] for r in rows if r[1] == "unknown"}
+    [(never_id, _, evidence)] = [r for r in rows if r[1] == "abandoned"]
+    assert len(started) == 2 and set(HUNG) == started
+    assert evidence["not_applied"]["not_started"] is True
+    assert never_id not in HUNG  # and it cannot run later: its future was cancelled
+    errors = sorted(error for _, error in done.values())
+    assert errors[0].startswith("did not start within 0.3s"), errors
