@@ -26,7 +26,18 @@ from orch8_py.handlers.builtin import SqlInstanceState
 from tests.http_provider import Provider, provider_fixture  # noqa: F401  (fixture: provider)
 
 TENANT = "t1"
-PURE = ("noop", "log", "sleep", "fail", "assert", "transform", "set_state", "get_state")
+PURE = (
+    "noop",
+    "log",
+    "sleep",
+    "fail",
+    "assert",
+    "transform",
+    "set_state",
+    "get_state",
+    "delete_state",
+    "merge_state",
+)
 SIDE_EFFECTING = ("http_request", "llm_call", "tool_call")
 
 
@@ -632,6 +643,35 @@ def test_set_and_get_state(db_url, conn, claimed):
     # another tenant sees nothing
     other = SqlInstanceState(functools.partial(psycopg.connect, db_url), "t2", instance_id, token)
     assert other.get("cart", "none") == "none"
+
+
+def test_merge_and_delete_state(db_url, conn, claimed):
+    instance_id, token = claimed
+    ctx = state_ctx(db_url, instance_id, token)
+    merged = run("merge_state", {"key": "cart", "value": {"items": [1]}}, ctx)
+    assert merged == {"key": "cart", "value": {"items": [1]}}
+    merged = run("merge_state", {"key": "cart", "value": {"note": "gift", "items": [2]}}, ctx)
+    assert merged["value"] == {"items": [2], "note": "gift"}
+    assert run("get_state", {"key": "cart"}, ctx)["value"] == {"items": [2], "note": "gift"}
+    run("set_state", {"key": "n", "value": 3}, ctx)
+    with pytest.raises(StepError) as info:  # the stored value is not an object
+        run("merge_state", {"key": "n", "value": {"a": 1}}, ctx)
+    assert (info.value.code, info.value.retryable) == ("invalid_params", False)
+    assert "not an object" in str(info.value)
+    with pytest.raises(StepError) as info:
+        run("merge_state", {"key": "cart", "value": [1]}, ctx)
+    assert info.value.retryable is False
+    assert run("delete_state", {"key": "cart"}, ctx) == {"key": "cart", "deleted": True}
+    assert run("delete_state", {"key": "cart"}, ctx) == {"key": "cart", "deleted": False}
+    assert run("get_state", {"key": "cart"}, ctx)["found"] is False
+    stale = state_ctx(db_url, instance_id, uuid.uuid4())
+    for name, params in (
+        ("delete_state", {"key": "n"}),
+        ("merge_state", {"key": "m", "value": {}}),
+    ):
+        with pytest.raises(StaleLease):
+            run(name, params, stale)
+    assert run("get_state", {"key": "n"}, ctx)["value"] == 3
 
 
 def test_state_through_a_connection_pool(db_url, claimed):

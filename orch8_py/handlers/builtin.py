@@ -1,9 +1,9 @@
 """The builtin step handlers. Importing this module registers them (see handlers/__init__).
 
 Pure (never get a receipt): noop, log, sleep, fail, assert, transform, set_state,
-get_state. Side-effecting (a receipt, and ``ctx.effect_id`` as the idempotency key):
-http_request, llm_call, tool_call. The names match orch8.builtin_handlers in SQL.
-docs/HANDLERS.md describes every parameter, output and error.
+get_state, delete_state, merge_state. Side-effecting (a receipt, and ``ctx.effect_id`` as
+the idempotency key): http_request, llm_call, tool_call. The names match
+orch8.builtin_handlers in SQL. docs/HANDLERS.md describes every parameter, output and error.
 """
 
 from __future__ import annotations
@@ -208,6 +208,24 @@ class SqlInstanceState:
                 (self.tenant_id, self.instance_id, self.lease_token, key, Jsonb(value)),
             )
 
+    def delete(self, key: str) -> bool:
+        with self.conn_factory() as conn, engine_errors(), conn.transaction():
+            row = conn.execute(
+                "SELECT orch8.delete_instance_state(%s, %s, %s, %s)",
+                (self.tenant_id, self.instance_id, self.lease_token, key),
+            ).fetchone()
+        return bool(row[0])
+
+    def merge(self, key: str, patch: dict) -> dict:
+        from psycopg.types.json import Jsonb
+
+        with self.conn_factory() as conn, engine_errors(), conn.transaction():
+            row = conn.execute(
+                "SELECT orch8.merge_instance_state(%s, %s, %s, %s, %s)::text",
+                (self.tenant_id, self.instance_id, self.lease_token, key, Jsonb(patch)),
+            ).fetchone()
+        return json.loads(row[0])
+
 
 def _state(ctx: StepContext):
     if ctx.state is None:
@@ -250,6 +268,26 @@ def get_state(params: dict, ctx: StepContext) -> dict:
     if value is _MISSING:
         return {"key": key, "value": params.get("default"), "found": False}
     return {"key": key, "value": value, "found": True}
+
+
+@handler("delete_state")
+def delete_state(params: dict, ctx: StepContext) -> dict:
+    key = _state_key(_params(params))
+    return {"key": key, "deleted": _state(ctx).delete(key)}
+
+
+@handler("merge_state")
+def merge_state(params: dict, ctx: StepContext) -> dict:
+    params = _params(params)
+    key = _state_key(params)
+    patch = params.get("value")
+    if not isinstance(patch, dict):
+        raise bad_params("merge_state needs a value that is a JSON object")
+    try:
+        merged = _state(ctx).merge(key, patch)
+    except InvalidInput as exc:
+        raise StepError(str(exc), code="invalid_params", retryable=False) from None
+    return {"key": key, "value": merged}
 
 
 # --- side-effecting builtins ------------------------------------------------------------
