@@ -901,3 +901,39 @@ def test_a_connection_left_by_tenant_tx_does_not_break_api_authentication(app, a
         with tenant_tx() as conn:  # what a console page does
             conn.execute("SELECT 1")
     assert api.get("/instances").status_code == 200
+
+
+def test_request_transactions_run_under_row_level_security(app, conn):
+    """Routes also name the tenant in their queries, so cross-tenant 404s alone would not
+    show that RLS is in force: here an unfiltered query inside tenant_tx sees one tenant,
+    and the pooled connection leaves the transaction as the pool's own role again."""
+    from flask import g
+
+    from web.db import tenant_tx
+
+    def start(tenant):
+        seq = make_seq(conn, HELLO, tenant=tenant)
+        return conn.execute(
+            "SELECT id FROM orch8.create_instance(%s, %s)", (tenant, seq)
+        ).fetchone()[0]
+
+    mine, theirs = start(ACME), start(OTHER)
+    with app.test_request_context():
+        g.tenant = ACME
+        with tenant_tx() as tx:
+            row = tx.execute(
+                "SELECT current_user AS who, current_setting('orch8.tenant_id') AS tenant"
+            ).fetchone()
+            assert row == {"who": "orch8_web", "tenant": ACME}
+            ids = {r["id"] for r in tx.execute("SELECT id FROM orch8.task_instances")}
+            assert ids == {mine}
+            moved = tx.execute(
+                "UPDATE orch8.task_instances SET priority = 9 WHERE id = %s", (theirs,)
+            ).rowcount
+            assert moved == 0
+        pool = app.extensions["orch8.pool"]
+        with pool.connection() as again:
+            assert again.execute("SELECT current_user").fetchone()[0] != "orch8_web"
+    assert conn.execute(
+        "SELECT priority FROM orch8.task_instances WHERE id = %s", (theirs,)
+    ).fetchone() == (0,)

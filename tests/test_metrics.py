@@ -16,20 +16,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg.types.json import Jsonb
 
-import orch8_py.runner
 from orch8_py import metrics
 from orch8_py.errors import ConfigError
 from tests.runner_helpers import TENANT, make_sequence, running, start, wait_for
 from web import create_app
-from web.metrics import bp
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def make_client(url: str):
-    app = create_app(url)
-    if "metrics" not in app.blueprints:  # until the factory registers it
-        app.register_blueprint(bp)
+    app = create_app(url)  # the factory must serve /metrics itself (orch8 up, orch8 serve)
     return app, app.test_client()
 
 
@@ -307,10 +303,6 @@ def test_serve_exposes_the_registry():
         thread.join(timeout=5)
 
 
-@pytest.mark.skipif(
-    not hasattr(orch8_py.runner, "metrics"),
-    reason="orch8_py/runner.py does not call orch8_py.metrics yet",
-)
 def test_runner_counts_its_steps(conn, db_url):
     seq = make_sequence(
         conn,
