@@ -534,7 +534,7 @@ def test_cancel_pause_resume(conn, api):
     assert ok(api.post(f"/instances/{inst}/resume"))["requested_state"] is None
     moved = ok(api.post(f"/instances/{inst}/cancel", {"reason": "customer asked"}))
     assert moved["requested_state"] == "cancelled"
-    # the next step boundary applies it (begin_step; release_lease would drop it, see docs/API.md)
+    # the next step boundary applies it (begin_step here; release_lease and the sweep too)
     outcome = conn.execute(
         "SELECT outcome FROM orch8.begin_step('acme', %s, %s, 'hello', 'test.api.charge', '{}', 0)",
         (inst, token),
