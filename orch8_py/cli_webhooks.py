@@ -1,5 +1,5 @@
-"""`orch8 webhooks subscribe|list|outbox`: a tenant's webhook subscriptions and what
-waits in the outbox (delivery itself runs in every runner process)."""
+"""`orch8 webhooks subscribe|list|disable|enable|outbox`: a tenant's webhook subscriptions
+and what waits in the outbox (delivery itself runs in every runner process)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import secrets
 from psycopg.rows import dict_row
 
 from . import db
-from .cli_common import EXIT_OK, command, common_flags, emit, table
+from .cli_common import EXIT_OK, command, common_flags, emit, parse_uuid, table, tenant_flag
+from .errors import NotFound
 
 EVENTS = ("instance.completed", "instance.failed")
 
@@ -52,6 +53,51 @@ def webhooks_list(args, url: str) -> int:
     )
     emit(rows, args.json, text)
     return EXIT_OK
+
+
+def _set_enabled(args, url: str, enabled: bool) -> int:
+    sub_id = parse_uuid(args.id, "a webhook subscription id")
+    try:
+        with (
+            db.connect(url, autocommit=True) as conn,
+            conn.cursor(row_factory=dict_row) as cur,
+            db.engine_errors(),
+        ):
+            row = cur.execute(
+                "SELECT id, url, events, enabled, created_at, changed"
+                " FROM orch8.set_webhook_subscription_enabled(%s, %s, %s)",
+                (args.tenant, sub_id, enabled),
+            ).fetchone()
+    except NotFound:
+        raise NotFound(
+            f"webhook subscription {sub_id} not found in tenant {args.tenant!r}; "
+            f"see `orch8 webhooks list{tenant_flag(args)}`"
+        ) from None
+    word = "enabled" if enabled else "disabled"
+    if not row["changed"]:
+        text = f"webhook subscription {sub_id} ({row['url']}) is already {word}: nothing to do"
+    elif enabled:
+        text = (
+            f"enabled webhook subscription {sub_id} ({row['url']}): it gets new events, "
+            "and its queued deliveries go out"
+        )
+    else:
+        text = (
+            f"disabled webhook subscription {sub_id} ({row['url']}): it gets no new events; "
+            "its queued deliveries wait until it is enabled again"
+        )
+    emit(row, args.json, text)
+    return EXIT_OK
+
+
+@command
+def webhooks_disable(args, url: str) -> int:
+    return _set_enabled(args, url, False)
+
+
+@command
+def webhooks_enable(args, url: str) -> int:
+    return _set_enabled(args, url, True)
 
 
 @command
@@ -100,6 +146,18 @@ def add_parsers(sub) -> None:
     lst = hooksub.add_parser("list", help="the tenant's subscriptions")
     common_flags(lst)
     lst.set_defaults(db_func=webhooks_list)
+    disable = hooksub.add_parser(
+        "disable", help="no new events for a subscription; its queued deliveries wait"
+    )
+    disable.add_argument("id", help="the subscription id (see `orch8 webhooks list`)")
+    common_flags(disable)
+    disable.set_defaults(db_func=webhooks_disable)
+    enable = hooksub.add_parser(
+        "enable", help="events again for a subscription; its queued deliveries go out"
+    )
+    enable.add_argument("id", help="the subscription id (see `orch8 webhooks list`)")
+    common_flags(enable)
+    enable.set_defaults(db_func=webhooks_enable)
     outbox = hooksub.add_parser("outbox", help="deliveries, newest first")
     outbox.add_argument(
         "--state", choices=("pending", "delivering", "delivered", "parked", "discarded")

@@ -464,3 +464,42 @@ def test_webhook_subscriptions_from_the_cli(db_url):
     bad = run_orch8("webhooks", "subscribe", "ftp://x.example/", env=env)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert run_orch8("webhooks", "outbox", env=env).stdout.strip() == "the outbox is empty"
+
+
+def test_webhooks_disable_and_enable(db_url, conn):
+    t = ("--tenant", TENANT)
+    sub = ok_json(db_url, "webhooks", "subscribe", "https://hooks.example/orch8", *t)
+    sid = str(sub["id"])
+
+    text = ok(db_url, "webhooks", "disable", sid, *t)
+    assert f"disabled webhook subscription {sid} (https://hooks.example/orch8)" in text
+    assert "no new events" in text
+    enabled = "SELECT enabled FROM orch8.webhook_subscriptions WHERE id = %s"
+    assert conn.execute(enabled, (sid,)).fetchone()[0] is False
+    listing = ok(db_url, "webhooks", "list", *t)
+    assert listing.splitlines()[0].split() == ["ID", "URL", "EVENTS", "ENABLED", "CREATED"]
+    assert re.search(rf"^{sid}\s+https://hooks.example/orch8\s+\S+\s+no\s", listing, re.M), listing
+    assert "already disabled: nothing to do" in ok(db_url, "webhooks", "disable", sid, *t)
+    again = ok_json(db_url, "webhooks", "disable", sid, *t)
+    assert (again["id"], again["enabled"], again["changed"]) == (sid, False, False)
+    assert set(again) == {"id", "url", "events", "enabled", "created_at", "changed"}
+
+    on = ok_json(db_url, "webhooks", "enable", sid, *t)
+    assert (on["enabled"], on["changed"], on["url"]) == (True, True, "https://hooks.example/orch8")
+    assert sub["secret"] not in json.dumps(on)
+    assert conn.execute(enabled, (sid,)).fetchone()[0] is True
+    assert "already enabled" in ok(db_url, "webhooks", "enable", sid, *t)
+    assert re.search(rf"^{sid}\s.*\syes\s", ok(db_url, "webhooks", "list", *t), re.M)
+
+    many(
+        db_url,
+        [
+            (2, ("webhooks", "disable", "not-a-uuid", *t), ("'not-a-uuid' is not",)),
+            (2, ("webhooks", "enable", "42", "--json", *t), ("is not a webhook subscription id",)),
+            (1, ("webhooks", "disable", str(uuid.uuid4()), *t), ("not found in tenant 't1'",)),
+            # another tenant's subscription is not found, and stays as it is
+            (1, ("webhooks", "disable", sid), ("not found", "orch8 webhooks list")),
+            (1, ("webhooks", "enable", sid, "--tenant", "other", "--json"), ("not found",)),
+        ],
+    )
+    assert conn.execute(enabled, (sid,)).fetchone()[0] is True

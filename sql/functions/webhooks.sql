@@ -1,4 +1,6 @@
 -- Repeatable: webhook subscriptions and the outbox state machine.
+-- Subscriptions: create_webhook_subscription; set_webhook_subscription_enabled turns one
+-- off (no new events, queued deliveries wait) and on again (operators).
 --   pending    -> delivering               (claim_webhook_deliveries)
 --   delivering -> delivered | pending | parked   (record_webhook_delivery, CAS on worker)
 --   delivering -> delivering               (re-claim once the claim expired)
@@ -264,3 +266,52 @@ COMMENT ON FUNCTION orch8.discard_webhook(text, bigint) IS
 'Operators: give up on a pending or parked delivery (it stays in the outbox as '
 'discarded; redeliver_webhook can revive it). Returns discarded. Unknown id: O8007; '
 'delivering or delivered: O8004.';
+
+CREATE OR REPLACE FUNCTION orch8.set_webhook_subscription_enabled(
+    p_tenant_id text, p_id uuid, p_enabled boolean
+)
+RETURNS TABLE (
+    id uuid,
+    url text,
+    events text[],
+    enabled boolean,
+    created_at timestamptz,
+    changed boolean
+)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_was boolean;
+BEGIN
+    IF p_enabled IS NULL THEN
+        RAISE EXCEPTION 'set_webhook_subscription_enabled needs enabled true or false'
+            USING ERRCODE = 'O8008';
+    END IF;
+    SELECT s.enabled INTO v_was FROM orch8.webhook_subscriptions AS s
+     WHERE s.tenant_id = p_tenant_id AND s.id = p_id
+     FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'webhook subscription % not found', coalesce(p_id::text, 'NULL')
+            USING ERRCODE = 'O8007';
+    END IF;
+    IF v_was IS DISTINCT FROM p_enabled THEN
+        UPDATE orch8.webhook_subscriptions AS s
+        SET enabled = p_enabled
+        WHERE s.tenant_id = p_tenant_id AND s.id = p_id;
+        IF p_enabled THEN
+            -- its queued deliveries are due again: wake the delivery loops (at commit)
+            PERFORM pg_notify('orch8_webhooks', '');
+        END IF;
+    END IF;
+    RETURN QUERY
+    SELECT s.id, s.url, s.events, s.enabled, s.created_at, v_was IS DISTINCT FROM p_enabled
+    FROM orch8.webhook_subscriptions AS s
+    WHERE s.tenant_id = p_tenant_id AND s.id = p_id;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.set_webhook_subscription_enabled(text, uuid, boolean) IS
+'Operators: turn a subscription off (no new events; its queued deliveries stay pending and '
+'are not sent) or on again (queued deliveries go out; NOTIFY orch8_webhooks). Idempotent. '
+'Returns the subscription without its secret, and changed (false when it already was in '
+'that state). Unknown id in the tenant: O8007; enabled NULL: O8008.';

@@ -22,6 +22,7 @@ INSTANCE_STATES = list(states.INSTANCE_STATES)
 EFFECT_STATES = list(states.EFFECT_STATES)
 KINDS = list(states.EFFECT_KINDS)
 WEBHOOK_STATES = ["pending", "delivering", "delivered", "parked", "discarded"]
+WEBHOOK_EVENTS = ["instance.completed", "instance.failed"]
 
 # --- schema helpers ----------------------------------------------------------------------
 
@@ -127,6 +128,13 @@ RECEIPT = {
     "evidence": OBJECT,
     "created_at": TIME,
     "updated_at": TIME,
+}
+SUBSCRIPTION = {
+    "id": UUID,
+    "url": STR,
+    "events": {"type": "array", "items": enum(WEBHOOK_EVENTS)},
+    "enabled": {**BOOL, "description": "false: no new events; queued deliveries wait"},
+    "created_at": TIME,
 }
 MOVE = {
     "id": UUID,
@@ -341,6 +349,41 @@ SCHEMAS: dict[str, Any] = {
         }
     ),
     "WebhookPage": page("WebhookDelivery"),
+    "WebhookSubscription": record(SUBSCRIPTION),
+    "WebhookSubscriptionList": page("WebhookSubscription", cursor=False),
+    "WebhookSubscriptionCreate": body(
+        {
+            "url": {
+                **STR,
+                "description": "http:// or https:// with a host (checked by "
+                "orch8.create_webhook_subscription: 422 otherwise)",
+            },
+            "events": {
+                "type": "array",
+                "items": enum(WEBHOOK_EVENTS),
+                "minItems": 1,
+                "nullable": True,
+                "description": "default: every event",
+            },
+            "secret": {
+                **null(STR),
+                "minLength": 1,
+                "description": "the HMAC-SHA256 signing secret; default: generated and "
+                "answered once",
+            },
+        },
+        ("url",),
+    ),
+    "WebhookSubscriptionCreated": record(
+        {
+            **SUBSCRIPTION,
+            "secret": {
+                **STR,
+                "description": "only when it was generated: shown this once, never again",
+            },
+        },
+        optional=("secret",),
+    ),
     "WebhookMove": record({"id": INT64, "state": enum(["pending", "discarded"])}),
 }
 
@@ -392,6 +435,7 @@ TENANT_HEADER = {
     "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{0,100}$"},
 }
 INSTANCE_ID = path("instance_id", UUID)
+SUBSCRIPTION_ID = path("subscription_id", UUID)
 NAME_PARAMS = [
     path("namespace", {"type": "string", "minLength": 1, "maxLength": 100}),
     path("name", {"type": "string", "minLength": 1, "maxLength": 200}),
@@ -662,6 +706,59 @@ def _paths() -> dict:
                 request="ResolveRequest",
                 errors=MOVE_ERRORS,
                 tag=eff_tag,
+            )
+        },
+        "/webhooks/subscriptions": {
+            "get": op(
+                "The tenant's webhook subscriptions, oldest first (never their secrets)",
+                "200",
+                "WebhookSubscriptionList",
+                errors=READ,
+                tag=hook_tag,
+            ),
+            "post": op(
+                "Subscribe a URL (orch8.create_webhook_subscription)",
+                "201",
+                "WebhookSubscriptionCreated",
+                request="WebhookSubscriptionCreate",
+                errors=WRITE,
+                tag=hook_tag,
+            ),
+        },
+        "/webhooks/subscriptions/{subscription_id}": {
+            "get": op(
+                "One webhook subscription (never its secret)",
+                "200",
+                "WebhookSubscription",
+                params=[SUBSCRIPTION_ID],
+                errors=READ,
+                tag=hook_tag,
+            )
+        },
+        **{
+            f"/webhooks/subscriptions/{{subscription_id}}/{action}": {
+                "post": op(
+                    summary,
+                    "200",
+                    "WebhookSubscription",
+                    params=[SUBSCRIPTION_ID],
+                    request="Empty",
+                    request_required=False,
+                    errors=WRITE,
+                    tag=hook_tag,
+                )
+            }
+            for action, summary in (
+                (
+                    "disable",
+                    "No new events for this subscription; its queued deliveries wait "
+                    "(orch8.set_webhook_subscription_enabled)",
+                ),
+                (
+                    "enable",
+                    "Events again, and its queued deliveries go out "
+                    "(orch8.set_webhook_subscription_enabled)",
+                ),
             )
         },
         "/webhooks/outbox": {

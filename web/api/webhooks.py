@@ -1,12 +1,19 @@
-"""The webhook outbox: list deliveries, and the operator's two moves
+"""Webhooks: subscriptions (list, create with orch8.create_webhook_subscription, read,
+disable and enable with orch8.set_webhook_subscription_enabled; a secret is never read
+back), and the outbox: list deliveries, and the operator's two moves
 (orch8.redeliver_webhook, orch8.discard_webhook)."""
 
 from __future__ import annotations
 
-from flask import Blueprint, g
+import secrets
+import uuid
+from typing import Any
+
+from flask import Blueprint, g, request
 
 from ..auth import OPERATOR, require
 from ..db import tenant_tx
+from ..problems import Problem
 from .validation import (
     INT64_MAX,
     LIMIT,
@@ -16,9 +23,13 @@ from .validation import (
     cursor_int,
     encode_cursor,
     json_body,
+    not_found,
     one_of,
+    parse_json,
     path_int,
+    path_uuid,
     query,
+    string_problem,
 )
 
 bp = Blueprint("webhooks", __name__)
@@ -29,6 +40,129 @@ COLUMNS = (
     " last_error, last_status, claimed_by, claim_expires_at, created_at, delivered_at"
 )
 NO_FIELDS: dict[str, Field] = {}
+
+EVENTS = ("instance.completed", "instance.failed")
+# what is read back of a subscription: never its secret
+SUBSCRIPTION = "id, url, events, enabled, created_at"
+SUBSCRIBE = {
+    # the URL's rules (http:// or https:// with a host) are create_webhook_subscription's
+    "url": Field(str, required=True),
+    "events": Field(list, nullable=True),  # default: every event; each checked below
+    "secret": Field(str, nullable=True, min_bytes=1),  # default: generated, answered once
+}
+
+
+# --- subscriptions -----------------------------------------------------------------------
+
+
+def _event_problems(events: Any) -> list[dict[str, str]]:
+    """The problems of the events array: not empty, each a known event name. (Strings
+    PostgreSQL cannot store are already reported by json_body.)"""
+    if not isinstance(events, list):
+        return []  # absent, null, or already reported as not an array
+    if not events:
+        return [{"path": "events", "message": f"must name at least one of {', '.join(EVENTS)}"}]
+    return [
+        {"path": f"events[{i}]", "message": f"must be one of {', '.join(EVENTS)}"}
+        for i, event in enumerate(events)
+        if event not in EVENTS and not (isinstance(event, str) and string_problem(event))
+    ][:50]
+
+
+def _subscribe_body() -> dict[str, Any]:
+    """The body of POST /webhooks/subscriptions, with every problem reported at once:
+    json_body's and the events'."""
+    try:
+        body = json_body(SUBSCRIBE)
+        found: list[dict[str, str]] = []
+    except Problem as exc:
+        if exc.status != 422:
+            raise
+        body = parse_json(request.get_data(cache=True))  # JSON: json_body parsed it
+        if not isinstance(body, dict):
+            raise
+        found = list(exc.extra["problems"])
+    found += _event_problems(body.get("events"))
+    if found:
+        raise Problem(422, "invalid input", f"{len(found)} problem(s) in the body", problems=found)
+    return body
+
+
+def _load_subscription(conn, sub_id: uuid.UUID) -> dict:
+    row = conn.execute(
+        f"SELECT {SUBSCRIPTION} FROM orch8.webhook_subscriptions WHERE tenant_id = %s AND id = %s",
+        (g.tenant, sub_id),
+    ).fetchone()
+    if row is None:
+        raise not_found(f"webhook subscription {sub_id}")
+    return row
+
+
+@bp.get("/webhooks/subscriptions")
+@require(*OPERATOR)
+def subscriptions():
+    query({})
+    with tenant_tx() as conn:
+        rows = conn.execute(
+            f"SELECT {SUBSCRIPTION} FROM orch8.webhook_subscriptions WHERE tenant_id = %s"
+            " ORDER BY created_at, id",
+            (g.tenant,),
+        ).fetchall()
+    return answer({"items": rows})
+
+
+@bp.post("/webhooks/subscriptions")
+@require(*OPERATOR)
+def subscribe():
+    query({})
+    body = _subscribe_body()
+    generated = "secret" not in body
+    secret = secrets.token_urlsafe(32) if generated else body["secret"]
+    with tenant_tx() as conn:
+        sub_id = conn.execute(
+            "SELECT orch8.create_webhook_subscription(%s, %s, %s, %s::text[]) AS id",
+            (g.tenant, body["url"], secret, body.get("events", list(EVENTS))),
+        ).fetchone()["id"]
+        row = _load_subscription(conn, sub_id)
+    if generated:
+        row["secret"] = secret  # shown this once: it is never read back
+    return answer(row, 201)
+
+
+@bp.get("/webhooks/subscriptions/<subscription_id>")
+@require(*OPERATOR)
+def subscription(subscription_id: str):
+    query({})
+    sid = path_uuid(subscription_id)
+    with tenant_tx() as conn:
+        return answer(_load_subscription(conn, sid))
+
+
+def _set_enabled(subscription_id: str, enabled: bool):
+    query({})
+    sid = path_uuid(subscription_id)
+    json_body(NO_FIELDS, optional=True)
+    with tenant_tx() as conn:
+        row = conn.execute(
+            f"SELECT {SUBSCRIPTION} FROM orch8.set_webhook_subscription_enabled(%s, %s, %s)",
+            (g.tenant, sid, enabled),
+        ).fetchone()
+    return answer(row)
+
+
+@bp.post("/webhooks/subscriptions/<subscription_id>/disable")
+@require(*OPERATOR)
+def disable(subscription_id: str):
+    return _set_enabled(subscription_id, False)
+
+
+@bp.post("/webhooks/subscriptions/<subscription_id>/enable")
+@require(*OPERATOR)
+def enable(subscription_id: str):
+    return _set_enabled(subscription_id, True)
+
+
+# --- the outbox --------------------------------------------------------------------------
 
 
 @bp.get("/webhooks/outbox")
