@@ -51,10 +51,10 @@ def seed(conn) -> dict:
         "SELECT id FROM orch8.create_sequence(%s, 'default', 'seeded', %s)",
         (TENANT, Jsonb({"blocks": blocks})),
     ).fetchone()[0]
-    conn.execute(
+    subscription = conn.execute(
         "SELECT orch8.create_webhook_subscription(%s, 'http://127.0.0.1:9/hook', 's3cret')",
         (TENANT,),
-    )
+    ).fetchone()[0]
     failed, effect_id = fail_with_unknown_receipt(conn, seq, TENANT)
     scheduled = conn.execute(
         "SELECT id FROM orch8.create_instance(%s, %s, %s)", (TENANT, seq, Jsonb({"n": 1}))
@@ -71,6 +71,7 @@ def seed(conn) -> dict:
         "effect_id": str(effect_id),
         "continuity_id": str(continuity),
         "delivery_id": delivery,
+        "subscription_id": str(subscription),
         "namespace": "default",
         "name": "seeded",
         "version": 1,
