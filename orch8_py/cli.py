@@ -128,6 +128,20 @@ def wait_for_signal(stop: threading.Event) -> None:
         pass
 
 
+def exit_now_if_stranded(runner) -> None:
+    """Steps that outlived the grace period still hold threads, which Python would wait
+    for at exit, for as long as a handler runs. Leave without them: their leases run out
+    and the next runner settles their receipts (unknown when they had dispatched)."""
+    if runner.stranded:
+        say(
+            f"orch8: {runner.stranded} step(s) still running after the grace period; "
+            "exiting without them (their leases expire; the next runner settles them)"
+        )
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(0)
+
+
 def first_start_key(url: str, settings: config.Settings) -> None:
     """On the first start (no API key at all), create an operator key for the default
     tenant, print it once and keep a copy readable only by this user."""
@@ -175,6 +189,7 @@ def cmd_up(args, settings: config.Settings) -> int:
             for t in threads:
                 t.join(timeout=10)
         say("orch8: stopped")
+    exit_now_if_stranded(runner)
     return 0
 
 
@@ -196,6 +211,7 @@ def cmd_run(args, settings: config.Settings) -> int:
         finally:
             stop.set()
             t.join()
+    exit_now_if_stranded(runner)
     return 0
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from . import handlers as registry
 from . import metrics
@@ -86,6 +86,7 @@ class Runner:
         )
         self.wake = threading.Event()
         self.draining = threading.Event()
+        self.stranded = 0  # steps still running when the grace period ended
         self.inflight: dict[uuid.UUID, dict] = {}  # lease token -> claimed row
         self.lock = threading.Lock()
         self.definitions: dict[tuple[str, uuid.UUID], dict] = {}
@@ -116,6 +117,10 @@ class Runner:
         while True:
             try:
                 return self._call(sql, args)
+            except PoolClosed:
+                # The runner stopped while this step outlived the grace period: its lease
+                # runs out and the next runner settles the receipt. Retrying would never end.
+                raise LeaseLost("the runner stopped before the step finished") from None
             except psycopg.Error as exc:
                 if getattr(exc, "sqlstate", None) == StaleLease.sqlstate:
                     raise LeaseLost(str(exc)) from None
@@ -162,7 +167,7 @@ class Runner:
     def run(self, stop: threading.Event) -> None:
         s = self.settings
         log.info(
-            "event=runner.start worker=%s concurrency=%d lease=%.0fs heartbeat=%.0fs",
+            "event=runner.start worker=%s concurrency=%d lease=%gs heartbeat=%gs",
             s.worker_id,
             s.concurrency,
             s.lease,
@@ -236,6 +241,7 @@ class Runner:
         pending = {f for f in futures if not f.done()}
         log.info("event=runner.drain in_flight=%d grace=%.0fs", len(pending), self.settings.grace)
         _done, not_done = cf.wait(pending, timeout=self.settings.grace)
+        self.stranded = len(not_done)
         if not_done:
             log.warning(
                 "event=runner.drain_timeout still_running=%d (their leases will expire)",
