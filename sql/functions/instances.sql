@@ -78,44 +78,51 @@ COMMENT ON FUNCTION orch8.create_instance(
 
 CREATE OR REPLACE FUNCTION orch8.reclaim_expired_leases(p_limit integer DEFAULT 100)
 RETURNS integer
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
-    WITH expired AS (
-        SELECT t.tenant_id, t.id, t.lease_token
+DECLARE
+    v_row record;
+    v_count integer := 0;
+BEGIN
+    -- Rare and bounded, so one instance at a time through transition_instance: the audit
+    -- row, a woken parent and the work notification come from the one place that does
+    -- them. The row lock held from the SELECT keeps token and expiry as they were read.
+    FOR v_row IN
+        SELECT t.tenant_id, t.id, t.requested_state
         FROM orch8.task_instances AS t
         WHERE t.state = 'running' AND t.lease_expires_at < orch8.now()
         ORDER BY t.lease_expires_at
         LIMIT greatest(p_limit, 0)
         FOR UPDATE SKIP LOCKED
-    ),
-    reclaimed AS (
-        UPDATE orch8.task_instances AS t
-        -- a pause or cancel asked while it ran takes effect now
-        SET state = coalesce(t.requested_state, 'scheduled'), requested_state = NULL,
-            lease_owner = NULL, lease_token = NULL,
-            lease_expires_at = NULL, next_fire_at = orch8.now(), updated_at = orch8.now()
-        FROM expired AS e
-        WHERE t.tenant_id = e.tenant_id AND t.id = e.id
-          -- re-check under the row lock: same lease, still expired
-          AND t.state = 'running' AND t.lease_token = e.lease_token
-          AND t.lease_expires_at < orch8.now()
-        RETURNING t.tenant_id, t.id, t.state
-    ),
-    audit AS (
-        INSERT INTO orch8.instance_transitions (
-            tenant_id, instance_id, from_state, to_state, actor, reason
-        )
-        SELECT r.tenant_id, r.id, 'running', r.state, 'lease-sweep', 'lease expired'
-        FROM reclaimed AS r
-        RETURNING 1
-    )
-    SELECT count(*)::integer FROM audit
+    LOOP
+        IF v_row.requested_state IS NOT NULL THEN
+            -- Paused or cancelled, the step will not begin again soon, and beginning it
+            -- again is what would notice a receipt the lost runner left dispatched. Say
+            -- now that its outcome is unknown, so it reaches the operator queue and can be
+            -- resolved (a dispatched receipt cannot be).
+            PERFORM orch8.cas_effect_receipt(r.tenant_id, r.id, 'dispatched', 'unknown',
+                jsonb_build_object(
+                    'actor', 'lease-sweep',
+                    'note', 'the runner lost its lease before it recorded the step',
+                    'error', format('outcome unknown: the lease expired and the instance '
+                                    'was %s as requested', v_row.requested_state)))
+            FROM orch8.effect_receipts AS r
+            WHERE r.tenant_id = v_row.tenant_id AND r.instance_id = v_row.id
+              AND r.state = 'dispatched';
+        END IF;
+        PERFORM orch8.transition_instance(v_row.tenant_id, v_row.id, 'running',
+            coalesce(v_row.requested_state, 'scheduled'), 'lease-sweep', 'lease expired');
+        v_count := v_count + 1;
+    END LOOP;
+    RETURN v_count;
+END
 $$;
 
 COMMENT ON FUNCTION orch8.reclaim_expired_leases(integer) IS
-'Bounded sweep: up to p_limit running instances whose lease expired go back to scheduled '
-'(or to the paused or cancelled state requested meanwhile), a CAS that re-checks token and '
-'expiry. Returns how many. claim_due_instances runs it.';
+'Bounded sweep: up to p_limit running instances whose lease expired go back to scheduled, '
+'or to the paused or cancelled state requested meanwhile (then a receipt the lost runner '
+'left dispatched becomes unknown, for the operator queue). Through transition_instance: '
+'audit row, parent woken. Returns how many. claim_due_instances runs it.';
 
 CREATE OR REPLACE FUNCTION orch8.claim_due_instances(
     p_worker_id text, p_batch integer, p_lease interval DEFAULT '30 seconds'
