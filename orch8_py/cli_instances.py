@@ -155,6 +155,14 @@ def _blocked_message(args, exc: EffectBlocked) -> str:
     found = re.search(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}", detail or str(exc))
     effect = found.group(0) if found else "EFFECT_ID"
     t = tenant_flag(args)
+    if " is dispatched" in str(exc):
+        # Not resolvable yet: a runner may still record it, or its lease must run out.
+        return (
+            f"{exc}; it is still dispatched: if a runner is recording it, try again shortly; "
+            "if none is (the instance was failed by hand mid-step), mark it unknown in SQL "
+            f"with orch8.mark_effect_unknown('{args.tenant}', '{effect}', 'reason'), then "
+            f"resolve it (`orch8 effects show {effect}{t}`)"
+        )
     return (
         f"{exc}; look at it with `orch8 effects show {effect}{t}`, ask the provider what "
         f"happened, record it with `orch8 effects resolve {effect}{t} "
