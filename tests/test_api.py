@@ -7,6 +7,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import socket
+import time
 import uuid
 
 import pytest
@@ -937,3 +939,32 @@ def test_request_transactions_run_under_row_level_security(app, conn):
     assert conn.execute(
         "SELECT priority FROM orch8.task_instances WHERE id = %s", (theirs,)
     ).fetchone() == (0,)
+
+
+def test_a_database_that_is_down_or_not_migrated_answers_503(empty_db_url):
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # nothing listens there
+    down = create_app(f"host=127.0.0.1 port={port} dbname=x user=postgres connect_timeout=1")
+    try:
+        client = down.test_client()
+        assert client.get("/health/live").status_code == 200
+        ready = client.get("/health/ready")
+        assert ready.status_code == 503
+        assert ready.get_json()["error"] == "database unreachable"
+        started = time.monotonic()
+        resp = client.get("/api/v1/instances", headers={"Authorization": "Bearer o8_x_y"})
+        assert resp.status_code == 503 and resp.mimetype == "application/json"
+        assert resp.get_json()["error"] == "database unavailable"
+        assert time.monotonic() - started < 10  # the pool's wait, not 30 s
+    finally:
+        down.extensions["orch8.pool"].close()
+    bare = create_app(empty_db_url)
+    try:
+        ready = bare.test_client().get("/health/ready")
+        assert ready.status_code == 503
+        body = ready.get_json()
+        assert body["error"] == "schema not current" and "orch8 db migrate" in body["detail"]
+    finally:
+        bare.extensions["orch8.pool"].close()

@@ -283,6 +283,34 @@ def test_connection_refused_is_not_applied_with_evidence():
     assert info.value.retryable is True
 
 
+def test_a_connect_timeout_is_not_applied():
+    """A listener whose accept queue is full drops new SYNs, so connecting times out on
+    loopback: no connection, so nothing was sent."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    try:
+        for _ in range(4):
+            c = socket.socket()
+            c.setblocking(False)
+            c.connect_ex(("127.0.0.1", port))
+            fillers.append(c)
+        url = f"http://127.0.0.1:{port}/charge"
+        with pytest.raises(NotApplied) as info:
+            run("http_request", {"url": url, "method": "POST", "timeout_ms": 300})
+        assert (info.value.evidence["stage"], info.value.evidence["reason"]) == (
+            "connect",
+            "connect timeout",
+        )
+        assert info.value.retryable is True
+    finally:
+        for c in fillers:
+            c.close()
+        listener.close()
+
+
 def test_a_read_timeout_is_ambiguous_not_not_applied(provider):
     provider.reply("/slow", delay=1.5)
     t0 = time.monotonic()

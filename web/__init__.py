@@ -14,6 +14,7 @@ from .health import bp as health_bp
 from .metrics import bp as metrics_bp
 
 MAX_BODY_BYTES = 1024 * 1024
+POOL_TIMEOUT = 5.0  # seconds
 
 
 def create_app(database_url: str, *, secret_key: str | None = None) -> Flask:
@@ -33,6 +34,9 @@ def create_app(database_url: str, *, secret_key: str | None = None) -> Flask:
         database_url,
         min_size=1,
         max_size=8,
+        # A request waits this long for a connection, then answers 503 (not 30 s, the
+        # pool's default, while PostgreSQL is down).
+        timeout=POOL_TIMEOUT,
         open=False,
         kwargs={"autocommit": True, "connect_timeout": 5},
     )
