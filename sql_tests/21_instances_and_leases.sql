@@ -4,7 +4,7 @@
 -- finish_step. Time moves with orch8.fake_now; every claim is made in this file, so
 -- which instances are due is known at each point.
 BEGIN;
-SELECT plan(120);
+SELECT plan(123);
 
 SELECT set_config('orch8.fake_now', '2030-01-01 00:00:00+00', true);
 
@@ -927,6 +927,19 @@ SELECT results_eq(
       FROM pg_temp.begin('s1', 's1_retry', 'call', 'x.y', 1) AS o$$,
     $$VALUES ('dispatched'::text, 1, true)$$,
     'begin_step attempt 1: dispatched with a new receipt'
+);
+
+SELECT throws_ok(
+    $$SELECT orch8.heartbeat_leases(ARRAY[gen_random_uuid()], NULL)$$,
+    'O8008', NULL, 'heartbeat_leases: a NULL lease is O8008'
+);
+SELECT throws_ok(
+    $$SELECT orch8.heartbeat_leases(ARRAY[gen_random_uuid()], '-1 hour')$$,
+    'O8008', NULL, 'heartbeat_leases: a negative lease is O8008 (it would look held yet lapse)'
+);
+SELECT throws_ok(
+    $$SELECT orch8.transition_instance('tap', gen_random_uuid(), 'scheduled', 'running', 'x')$$,
+    'O8004', NULL, 'transition_instance: running is reached only by a claim (O8004)'
 );
 
 SELECT * FROM finish();

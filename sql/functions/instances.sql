@@ -202,19 +202,28 @@ COMMENT ON FUNCTION orch8.lock_leased_instance(text, uuid, uuid) IS
 
 CREATE OR REPLACE FUNCTION orch8.heartbeat_leases(p_lease_tokens uuid[], p_lease interval)
 RETURNS SETOF uuid
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
+BEGIN
+    -- A negative lease would report the lease held while setting it in the past.
+    IF p_lease IS NULL OR p_lease <= interval '0' THEN
+        RAISE EXCEPTION 'heartbeat_leases needs a positive lease, got %',
+            coalesce(p_lease::text, 'NULL') USING ERRCODE = 'O8008';
+    END IF;
+    RETURN QUERY
     UPDATE orch8.task_instances AS t
     SET lease_expires_at = orch8.now() + p_lease
     WHERE t.state = 'running'
       AND t.lease_token = ANY(p_lease_tokens)
       AND t.lease_expires_at >= orch8.now()
-    RETURNING t.lease_token
+    RETURNING t.lease_token;
+END
 $$;
 
 COMMENT ON FUNCTION orch8.heartbeat_leases(uuid[], interval) IS
 'Extend every still-held lease among p_lease_tokens to now + p_lease in one statement; '
-'returns the tokens still held (a missing one was lost: stop work on that instance).';
+'returns the tokens still held (a missing one was lost: stop work on that instance). '
+'A lease that is NULL or not positive: O8008.';
 
 CREATE OR REPLACE FUNCTION orch8.transition_instance(
     p_tenant_id text,
@@ -232,6 +241,11 @@ BEGIN
     IF NOT orch8.instance_can_transition(p_expected, p_next) THEN
         RAISE EXCEPTION 'instance % cannot move from % to %', p_instance_id, p_expected, p_next
             USING ERRCODE = 'O8004';
+    END IF;
+    IF p_next = 'running' THEN
+        -- running carries a lease, which only a claim issues
+        RAISE EXCEPTION 'instance % moves to running only by a claim', p_instance_id
+            USING ERRCODE = 'O8004', HINT = 'orch8.claim_due_instances';
     END IF;
     UPDATE orch8.task_instances AS t
     SET state = p_next,
