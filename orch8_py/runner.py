@@ -279,7 +279,10 @@ class Runner:
             except CONNECTION_ERRORS as exc:
                 log.warning("event=runner.heartbeat_failed error=%r", str(exc)[:200])
                 continue
-            lost = set(tokens) - {r["token"] for r in rows}
+            held = {r["token"] for r in rows}
+            with self.lock:
+                # an instance that completed or was handed back meanwhile is not lost
+                lost = [t for t in tokens if t not in held and t in self.inflight]
             for token in lost:
                 log.warning("event=runner.lease_lost token=%s", token)
 
