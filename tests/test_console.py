@@ -265,11 +265,11 @@ def test_instance_list_filters_and_pages(operator, conn):
         start(conn, seq)
     first = operator.get("/console/instances?state=scheduled")
     assert first.text.count('class="instance-row"') == 25 and 'rel="next"' in first.text
-    second = operator.get("/console/instances?state=scheduled&page=2")
+    second = operator.get(pager_link(first.text, "next"))
     assert second.text.count('class="instance-row"') == 5 and 'rel="next"' not in second.text
     assert 'rel="prev"' in second.text
     assert operator.get("/console/instances?state=nope").status_code == 400
-    assert operator.get("/console/instances?page=x").status_code == 400
+    assert operator.get("/console/instances?cursor=x").status_code == 400
     assert operator.get("/console/instances?state=failed").text.count("instance-row") == 0
 
 
@@ -492,3 +492,252 @@ def test_revoking_a_key_ends_its_console_sessions(db_url, conn):
     assert client.get("/console/").status_code == 200
     apikeys.revoke(conn, "t1", key_id)
     assert client.get("/console/").status_code == 302  # back to the login page
+
+
+# --- an admin's tenant switch ------------------------------------------------------------
+
+
+def switch(client, tenant, token=None):
+    if token is None:
+        token = csrf_of(client.get("/console/").text)
+    return client.post("/console/tenant", data={"tenant": tenant, "csrf_token": token})
+
+
+def acting_tenant_shown(html: str) -> str:
+    match = re.search(r'id="acting-tenant">([^<]*)<', html)
+    assert match, "the header names no tenant"
+    return match.group(1)
+
+
+@pytest.fixture
+def admin(app, conn):
+    _, secret = apikeys.create(conn, TENANT, "admin", "admin-root")
+    client = app.test_client()
+    assert login(client, secret).status_code == 302
+    return client
+
+
+def test_admin_switches_tenant_and_sees_only_that_tenant(admin, conn, failed, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="orch8.web.console")
+    mine, my_effect = failed
+    theirs, their_effect = fail_with_unknown_receipt(
+        conn, charge_sequence(conn, tenant=OTHER), tenant=OTHER
+    )
+    dash = admin.get("/console/")
+    assert acting_tenant_shown(dash.text) == TENANT
+    assert 'id="tenant-switch"' in dash.text and 'id="tenant-home"' not in dash.text
+    # the datalist offers the tenants that exist (read across tenants for the admin)
+    assert '<option value="other">' in dash.text and f'<option value="{TENANT}">' in dash.text
+    assert str(mine) in admin.get("/console/instances").text
+
+    resp = switch(admin, OTHER)
+    assert resp.status_code == 302 and resp.headers["Location"].endswith("/console/")
+    page = admin.get(resp.headers["Location"])
+    assert "Now acting for tenant other." in page.text
+    assert acting_tenant_shown(page.text) == OTHER
+    assert "the key's tenant is t1" in page.text and 'id="tenant-home"' in page.text
+    assert re.search(r'id="queue-depth">1<', page.text)
+    with admin.session_transaction() as sess:
+        assert sess["console"]["acting"] == OTHER and sess["console"]["tenant"] == TENANT
+    listing = admin.get("/console/instances").text
+    assert str(theirs) in listing and str(mine) not in listing
+    queue = admin.get("/console/effects/unresolved").text
+    assert 'data-count="1"' in queue and str(their_effect) in queue
+    assert str(my_effect) not in queue
+    assert admin.get(f"/console/instances/{theirs}").status_code == 200
+    assert admin.get(f"/console/instances/{mine}").status_code == 404
+    assert admin.get(f"/console/effects/{my_effect}").status_code == 404
+    # writes land in the acting tenant too
+    assert resolve_form(admin, their_effect).status_code == 302
+    assert receipt(conn, their_effect)[0] == "committed"
+    assert receipt(conn, my_effect)[0] == "unknown"
+    [record] = [r for r in caplog.records if "event=console.tenant_switch " in r.getMessage()]
+    assert record.levelno == logging.INFO
+    message = record.getMessage()
+    assert "actor=key:admin-root" in message and f"from={TENANT} to={OTHER}" in message
+
+    # and back to the key's own tenant
+    back = switch(admin, TENANT)
+    assert back.status_code == 302
+    page = admin.get(back.headers["Location"])
+    assert "Back in your key&#39;s own tenant t1." in page.text
+    assert acting_tenant_shown(page.text) == TENANT and 'id="tenant-home"' not in page.text
+    with admin.session_transaction() as sess:
+        assert "acting" not in sess["console"]
+    listing = admin.get("/console/instances").text
+    assert str(mine) in listing and str(theirs) not in listing
+    assert f"from={OTHER} to={TENANT}" in caplog.records[-1].getMessage()
+
+
+def test_switching_to_a_tenant_with_nothing_yet_says_so(admin, conn):
+    resp = switch(admin, "brand-new.tenant_1")
+    page = admin.get(resp.headers["Location"])
+    assert "Now acting for tenant brand-new.tenant_1. It has no sequences" in page.text
+    assert acting_tenant_shown(page.text) == "brand-new.tenant_1"
+    assert admin.get("/console/instances").text.count('class="instance-row"') == 0
+
+
+@pytest.mark.parametrize("role", ["operator", "auditor"])
+def test_only_an_admin_may_switch_tenant(app, keys, conn, failed, role):
+    mine, _ = failed
+    theirs, _ = fail_with_unknown_receipt(conn, charge_sequence(conn, tenant=OTHER), tenant=OTHER)
+    client = app.test_client()
+    assert login(client, keys[role]).status_code == 302
+    dash = client.get("/console/")
+    assert "tenant-switch" not in dash.text and 'name="tenant"' not in dash.text
+    assert "known-tenants" not in dash.text and '<option value="other">' not in dash.text
+    refused = switch(client, OTHER, csrf_of(dash.text))
+    assert refused.status_code == 403 and "needs an admin key" in refused.text
+    with client.session_transaction() as sess:
+        assert "acting" not in sess["console"]
+    listing = client.get("/console/instances").text
+    assert str(mine) in listing and str(theirs) not in listing
+    assert client.get(f"/console/instances/{theirs}").status_code == 404
+    # even an acting tenant in the session would not move a non-admin
+    with client.session_transaction() as sess:
+        sess["console"] = {**sess["console"], "acting": OTHER}
+    assert acting_tenant_shown(client.get("/console/").text) == TENANT
+    assert client.get(f"/console/instances/{theirs}").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("", "enter the id of the tenant"),
+        ("   ", "enter the id of the tenant"),
+        ("a" * 129, "at most 128 characters; this one has 129"),
+        ("a" * 101, "1-100 characters"),
+        ("two words", "1-100 characters"),
+        ("../etc", "1-100 characters"),
+        ("ac\nme", "1-100 characters"),
+        ("tënant", "1-100 characters"),
+        ("<script>", "1-100 characters"),
+    ],
+)
+def test_a_bad_tenant_is_refused_and_changes_nothing(admin, conn, value, says):
+    assert switch(admin, OTHER).status_code == 302
+    resp = switch(admin, value)
+    assert resp.status_code == 422
+    assert "Tenant not switched: " in resp.text and says in resp.text
+    assert "<script>" not in resp.text and "Traceback" not in resp.text
+    with admin.session_transaction() as sess:
+        assert sess["console"]["acting"] == OTHER
+    assert acting_tenant_shown(admin.get("/console/").text) == OTHER
+
+
+def test_the_tenant_switch_needs_the_csrf_token(admin, conn):
+    missing = admin.post("/console/tenant", data={"tenant": OTHER})
+    assert missing.status_code == 403 and "security token" in missing.text
+    forged = admin.post("/console/tenant", data={"tenant": OTHER, "csrf_token": "forged"})
+    assert forged.status_code == 403
+    with admin.session_transaction() as sess:
+        assert "acting" not in sess["console"]
+    assert acting_tenant_shown(admin.get("/console/").text) == TENANT
+    # logged out, the switch is refused before anything else
+    anonymous = admin.application.test_client()
+    assert anonymous.post("/console/tenant", data={"tenant": OTHER}).status_code == 403
+
+
+# --- keyset paging of the instance list ---------------------------------------------------
+
+
+def listed_ids(html: str) -> list[str]:
+    return re.findall(
+        r'<tr class="instance-row">\s*<td><a href="/console/instances/([0-9a-f-]{36})"', html
+    )
+
+
+def pager_link(html: str, rel: str) -> str | None:
+    import html as html_lib
+
+    match = re.search(rf'<a rel="{rel}" id="\w+" href="([^"]+)"', html)
+    return html_lib.unescape(match.group(1)) if match else None
+
+
+def test_instance_pages_walk_by_cursor_without_repeats_while_instances_are_created(operator, conn):
+    seq = make_sequence(conn, [{"type": "step", "id": "a", "handler": "noop"}])
+    with conn.transaction():  # 30 with the very same created_at: the id breaks the tie
+        original = {str(start(conn, seq)) for _ in range(30)}
+    original |= {str(start(conn, seq)) for _ in range(30)}
+    assert len(original) == 60
+    walked: list[str] = []
+    added: set[str] = set()
+    url = "/console/instances"
+    pages = []
+    while url:
+        resp = operator.get(url)
+        assert resp.status_code == 200
+        ids = listed_ids(resp.text)
+        assert len(ids) <= 25
+        walked.extend(ids)
+        pages.append(resp.text)
+        url = pager_link(resp.text, "next")
+        # meanwhile new instances arrive, newest first in the list
+        added |= {str(start(conn, seq)) for _ in range(7)}
+    assert len(pages) == 3 and [len(listed_ids(p)) for p in pages] == [25, 25, 10]
+    assert len(walked) == len(set(walked)) == 60
+    assert set(walked) == original
+    assert pager_link(pages[0], "prev") is None and 'id="newest"' not in pages[0]
+    assert pager_link(pages[-1], "next") is None
+    # back up with the Newer links from the last page: no repeats, and the new ones too
+    url = pager_link(pages[-1], "prev")
+    back = list(listed_ids(pages[-1]))
+    while url:
+        resp = operator.get(url)
+        assert resp.status_code == 200 and 'id="newest"' in resp.text
+        back.extend(listed_ids(resp.text))
+        url = pager_link(resp.text, "prev")
+    assert len(back) == len(set(back)) == 60 + len(added)
+    assert set(back) == original | added
+    # the state filter travels with the cursor
+    filtered = operator.get("/console/instances?state=scheduled")
+    older = pager_link(filtered.text, "next")
+    assert "state=scheduled" in older and "cursor=" in older
+    assert (
+        operator.get(older.replace("state=scheduled", "state=failed")).text.count("instance-row")
+        == 0
+    )
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "cursor=garbage",
+        "cursor=",
+        "newer=%00%FF",
+        "cursor=WyIyMDMwLTAxLTAxVDAwOjAwOjAwWiIsICJub3QtYS11dWlkIl0",  # a bad uuid inside
+        "cursor=WzEsMiwzXQ",  # [1,2,3]
+        "state=failed&cursor=bm90IGpzb24",
+    ],
+)
+def test_a_garbage_cursor_is_a_400_page(operator, query):
+    resp = operator.get(f"/console/instances?{query}")
+    assert resp.status_code == 400 and "<html" in resp.text
+    assert "This page link is not valid" in resp.text and "Traceback" not in resp.text
+
+
+def test_cursor_and_newer_together_are_refused(operator, conn):
+    seq = make_sequence(conn, [{"type": "step", "id": "a", "handler": "noop"}])
+    for _ in range(26):
+        start(conn, seq)
+    older = pager_link(operator.get("/console/instances").text, "next")
+    assert operator.get(older).text.count('class="instance-row"') == 1
+    newer = pager_link(operator.get(older).text, "prev")
+    assert operator.get(older + "&" + newer.split("?", 1)[1]).status_code == 400
+
+
+def test_without_a_tenant_list_the_admin_still_switches_by_typing(admin, conn, monkeypatch):
+    from web.console import tenants
+
+    # a login role that cannot read across tenants: the list query fails
+    monkeypatch.setattr(tenants, "KNOWN_TENANTS", "SELECT tenant_id FROM orch8.no_such_table")
+    seq = charge_sequence(conn, tenant=OTHER)
+    theirs = start(conn, seq, tenant=OTHER)
+    dash = admin.get("/console/")
+    assert dash.status_code == 200 and 'id="switch-tenant"' in dash.text
+    assert '<option value="other">' not in dash.text
+    page = admin.get(switch(admin, OTHER, csrf_of(dash.text)).headers["Location"])
+    assert "Now acting for tenant other." in page.text and "no sequences" not in page.text
+    assert str(theirs) in admin.get("/console/instances").text

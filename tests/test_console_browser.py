@@ -148,3 +148,44 @@ def test_operator_resolves_an_unknown_receipt_in_a_real_browser(browser, server,
     assert "completed_from_evidence" in flash.text
     assert "scheduled" in browser.find_element(By.ID, "instance-state").text
     browser.save_screenshot(str(tmp_path / "instance-after-retry.png"))
+
+
+@pytest.mark.timeout(90)
+def test_admin_switches_tenant_from_the_header_in_a_real_browser(browser, server, conn, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    theirs, their_effect = fail_with_unknown_receipt(
+        conn, charge_sequence(conn, tenant="acme"), tenant="acme"
+    )
+    _, secret = apikeys.create(conn, "t1", "admin", "root")
+    wait = WebDriverWait(browser, 10)
+    browser.get(server + "/console/login")
+    wait.until(ec.presence_of_element_located((By.ID, "api_key"))).send_keys(secret)
+    browser.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+    wait.until(ec.presence_of_element_located((By.ID, "queue-depth")))
+    assert browser.find_element(By.ID, "acting-tenant").text == "t1"
+    assert browser.find_element(By.ID, "queue-depth").text == "0"
+    # the datalist offers the tenants that exist; type one and switch
+    options = browser.find_elements(By.CSS_SELECTOR, "datalist#known-tenants option")
+    assert "acme" in {o.get_attribute("value") for o in options}
+    field = browser.find_element(By.ID, "switch-tenant")
+    assert field.is_displayed()
+    field.send_keys("acme")
+    browser.find_element(By.CSS_SELECTOR, "#tenant-switch button[type=submit]").click()
+    flash = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".flash.ok")))
+    assert "Now acting for tenant acme." in flash.text
+    assert browser.find_element(By.ID, "acting-tenant").text == "acme"
+    assert browser.find_element(By.ID, "queue-depth").text == "1"
+    browser.save_screenshot(str(tmp_path / "admin-acting.png"))
+    browser.find_element(By.CSS_SELECTOR, "nav a[href$='/console/effects/unresolved']").click()
+    count = wait.until(ec.presence_of_element_located((By.ID, "queue-count")))
+    assert count.get_attribute("data-count") == "1"
+    assert str(their_effect) in browser.page_source and str(theirs) in browser.page_source
+    # and back to the key's own tenant with one click
+    browser.find_element(By.CSS_SELECTOR, "#tenant-home button").click()
+    flash = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".flash.ok")))
+    assert "Back in your key's own tenant t1." in flash.text
+    assert browser.find_element(By.ID, "acting-tenant").text == "t1"
+    assert browser.find_elements(By.ID, "tenant-home") == []

@@ -4,6 +4,8 @@ Log in with an API key; the session keeps who you are (tenant, role, key id, nam
 the secret. Every read and write runs in ``tenant_tx(<session tenant>)``, so row-level
 security confines it to that tenant, and every query also names the tenant (the view
 ``orch8.unresolved_effects`` runs as its owner, so RLS alone would not filter it).
+The session tenant is the key's own, or for an admin the one it switched to in the header
+(the console's ``X-Tenant-Id``, see ``tenants.py``); other roles cannot switch.
 
 Auditors read; operators and admins may also resolve receipts, retry and cancel. Every
 POST carries the session's CSRF token. Engine refusals are shown as a message on the page.
@@ -23,6 +25,7 @@ from . import (  # noqa: F401
     pages,
     sequences,
     session,
+    tenants,
 )
 from .blueprint import bp
 

@@ -9,6 +9,7 @@ from flask import abort, flash, g, redirect, request, url_for
 from orch8_py import errors
 from orch8_py.states import INSTANCE_STATES
 
+from ..api.validation import cursor, cursor_time, cursor_uuid, encode_cursor
 from ..db import tenant_tx
 from .blueprint import bp, log
 from .formatting import engine_message
@@ -17,39 +18,79 @@ from .receipts import receipt_events
 from .session import login_required, write_required
 
 PAGE_SIZE = 25
+PAGE_CURSOR = cursor(cursor_time, cursor_uuid)  # the REST API's (created_at, id) cursor
 
 CANCELLABLE = ("scheduled", "running", "waiting", "paused")
+
+
+def _page_cursor(name: str) -> tuple | None:
+    value = request.args.get(name)
+    if value is None:
+        return None
+    try:
+        return PAGE_CURSOR(value)
+    except ValueError:
+        abort(
+            400,
+            "This page link is not valid: its position in the list (the cursor) is not one"
+            " the console made. Start again from the newest instances.",
+        )
 
 
 @bp.get("/instances")
 @login_required
 def instances():
+    """Newest first, keyset-paged on (created_at, id) like the REST API: ``cursor`` is
+    the page of instances older than it, ``newer`` the page just newer than it. Instances
+    created meanwhile are newer than every cursor, so a walk never repeats or skips one."""
     state = request.args.get("state") or None
     if state is not None and state not in INSTANCE_STATES:
         abort(400, f"unknown instance state {state!r}")
-    page_no = request.args.get("page", "1")
-    if not page_no.isdigit() or not 1 <= int(page_no) <= 100_000:
-        abort(400, "page must be a number from 1")
-    page_no = int(page_no)
+    older = _page_cursor("cursor")
+    newer = _page_cursor("newer")
+    if older is not None and newer is not None:
+        abort(400, "give cursor or newer, not both")
+    where = "t.tenant_id = %s AND (%s::text IS NULL OR t.state = %s::orch8.instance_state)"
+    args: list = [g.tenant, state, state]
+    order = "DESC"
+    if older is not None:
+        where += " AND (t.created_at, t.id) < (%s, %s)"
+        args.extend(older)
+    elif newer is not None:
+        where += " AND (t.created_at, t.id) > (%s, %s)"
+        args.extend(newer)
+        order = "ASC"  # the nearest newer ones, turned newest first below
     with tenant_tx(g.tenant) as conn:
         rows = conn.execute(
             "SELECT t.id, t.state::text AS state, t.current_block, t.error, t.created_at,"
             " t.updated_at, t.sequence_version, s.namespace, s.name"
             " FROM orch8.task_instances AS t"
             " LEFT JOIN orch8.sequences AS s ON s.tenant_id = t.tenant_id AND s.id = t.sequence_id"
-            " WHERE t.tenant_id = %s AND (%s::text IS NULL OR t.state = %s::orch8.instance_state)"
-            " ORDER BY t.created_at DESC, t.id DESC LIMIT %s OFFSET %s",
-            (g.tenant, state, state, PAGE_SIZE + 1, (page_no - 1) * PAGE_SIZE),
+            f" WHERE {where}"
+            f" ORDER BY t.created_at {order}, t.id {order} LIMIT %s",
+            (*args, PAGE_SIZE + 1),
         ).fetchall()
+        more = len(rows) > PAGE_SIZE
+        rows = rows[:PAGE_SIZE]
+        if newer is not None:
+            rows.reverse()
+            has_newer, has_older = more, True  # the cursor's own row is older
+        else:
+            has_newer, has_older = older is not None, more
         return page(
             "instances.html",
             conn,
-            rows=rows[:PAGE_SIZE],
-            has_next=len(rows) > PAGE_SIZE,
-            page_no=page_no,
+            rows=rows,
+            newer_cursor=_key(rows[0]) if rows and has_newer else None,
+            older_cursor=_key(rows[-1]) if rows and has_older else None,
+            paged=older is not None or newer is not None,
             state=state,
             states=INSTANCE_STATES,
         )
+
+
+def _key(row: dict) -> str:
+    return encode_cursor(row["created_at"], row["id"])
 
 
 @bp.get("/instances/<uuid:instance_id>")

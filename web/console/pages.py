@@ -11,6 +11,7 @@ from orch8_py import errors
 
 from .blueprint import bp, log
 from .session import can_write, current_user
+from .tenants import known_tenants
 
 
 def queue_depth(conn) -> int:
@@ -21,6 +22,9 @@ def queue_depth(conn) -> int:
 
 def page(template: str, conn, status: int = 200, **ctx):
     ctx.setdefault("nav_queue", queue_depth(conn))
+    if g.get("role") == "admin":
+        # the header's tenant switch offers these (an admin's own tenant among them)
+        ctx.setdefault("known_tenants", sorted({*(known_tenants() or ()), g.home_tenant}))
     return render_template(
         f"console/{template}",
         user=current_user(),

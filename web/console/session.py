@@ -23,6 +23,8 @@ SESSION_MAX_AGE = 12 * 3600  # seconds after login before the console asks for t
 
 CONSOLE_ROLES = ("operator", "auditor", "admin")
 WRITE_ROLES = ("operator", "admin")
+# In the session's user: the tenant an admin switched to (absent: the key's own tenant).
+ACTING = "acting"
 
 
 def csrf_token() -> str:
@@ -53,6 +55,13 @@ def current_user() -> dict | None:
     return user
 
 
+def acting_tenant(user: dict) -> str:
+    """The tenant the session reads and writes in: an admin's chosen one, else the key's."""
+    if user.get("role") == "admin" and user.get(ACTING):
+        return str(user[ACTING])
+    return str(user["tenant"])
+
+
 def can_write() -> bool:
     return g.get("role") in WRITE_ROLES
 
@@ -77,7 +86,8 @@ def login_required(view):
             if request.method == "GET":
                 return redirect(url_for("console.login", next=request.full_path.rstrip("?")))
             abort(401, "log in first")
-        g.tenant = user["tenant"]
+        g.tenant = acting_tenant(user)
+        g.home_tenant = user["tenant"]
         g.role = user["role"]
         g.key_id = user["key_id"]
         g.user_name = user["name"]
@@ -128,3 +138,8 @@ def _headers(resp):
 @bp.app_template_global("console_csrf_token")
 def _csrf_token_global() -> str:
     return csrf_token()
+
+
+@bp.app_template_global("console_acting_tenant")
+def _acting_tenant_global(user: dict) -> str:
+    return acting_tenant(user)

@@ -1,0 +1,130 @@
+"""An admin's tenant switch: the tenant the console acts for, and the tenants to pick from.
+
+Over the REST API an admin key names the tenant to act for in ``X-Tenant-Id``; in the
+console it picks one in the header, and the session keeps it (``session.ACTING``). Every
+page then runs in ``tenant_tx(<that tenant>)``, so row-level security confines it there
+exactly as it confines the key's own tenant. Other roles never see the form, and their
+POST is refused (403).
+"""
+
+from __future__ import annotations
+
+import psycopg
+from flask import abort, flash, g, redirect, request, session, url_for
+from psycopg_pool import PoolTimeout
+
+from ..auth import TENANT_RE
+from ..db import pool
+from .blueprint import bp, log
+from .session import ACTING, SESSION_KEY, login_required
+
+MAX_TENANT_CHARS = 128  # refused before anything else looks at the value
+KNOWN_LIMIT = 500  # tenants offered in the datalist
+KNOWN_TIMEOUT = "2s"
+
+# The distinct tenant ids of sequences and instances, each by a skip scan of the primary
+# key (tenant_id, id): one index probe per tenant, not a scan of every row.
+KNOWN_TENANTS = """
+WITH RECURSIVE
+s(tenant, n) AS (
+    SELECT min(tenant_id), 1 FROM orch8.sequences
+    UNION ALL
+    SELECT (SELECT min(x.tenant_id) FROM orch8.sequences AS x WHERE x.tenant_id > s.tenant),
+           s.n + 1
+    FROM s WHERE s.tenant IS NOT NULL AND s.n <= %(limit)s
+),
+i(tenant, n) AS (
+    SELECT min(tenant_id), 1 FROM orch8.task_instances
+    UNION ALL
+    SELECT (SELECT min(x.tenant_id) FROM orch8.task_instances AS x
+            WHERE x.tenant_id > i.tenant),
+           i.n + 1
+    FROM i WHERE i.tenant IS NOT NULL AND i.n <= %(limit)s
+)
+SELECT tenant FROM s WHERE tenant IS NOT NULL
+UNION
+SELECT tenant FROM i WHERE tenant IS NOT NULL
+ORDER BY 1
+LIMIT %(limit)s
+"""
+
+
+def known_tenants() -> list[str] | None:
+    """The tenants that have sequences or instances, for an admin's datalist (None when
+    they cannot be read).
+
+    ``orch8_web`` cannot list them: row-level security shows it one tenant's rows. This
+    reads with the pool's login role, the one ``/metrics`` reads across tenants with (the
+    schema owner by default, which RLS does not restrict), in a read-only transaction that
+    selects tenant ids and nothing else, and only for an admin, who may act for any tenant
+    anyway. A login role that cannot read across tenants gets an empty list (RLS) or an
+    error (no grant): the form then offers the free-text field alone."""
+    if g.get("role") != "admin":
+        return None
+    if "console_known_tenants" in g:
+        return g.console_known_tenants
+    tenants: list[str] | None = None
+    try:
+        with pool().connection() as conn, conn.transaction():
+            conn.execute("SET TRANSACTION READ ONLY")
+            conn.execute("SELECT set_config('statement_timeout', %s, true)", (KNOWN_TIMEOUT,))
+            rows = conn.execute(KNOWN_TENANTS, {"limit": KNOWN_LIMIT}).fetchall()
+            tenants = [r[0] for r in rows]
+    except (psycopg.Error, PoolTimeout) as exc:
+        log.warning("event=console.tenant_list_unavailable error=%r", str(exc)[:200])
+    g.console_known_tenants = tenants
+    return tenants
+
+
+def tenant_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a tenant id, or None. The character rule is the API's for
+    X-Tenant-Id (web.auth.TENANT_RE, matched in full so a trailing newline cannot pass)."""
+    if not value:
+        return "enter the id of the tenant to act for."
+    if len(value) > MAX_TENANT_CHARS:
+        return f"a tenant id is at most {MAX_TENANT_CHARS} characters; this one has {len(value)}."
+    if not TENANT_RE.fullmatch(value):
+        return (
+            "a tenant id is 1-100 characters, each a letter A-Z or a-z, a digit, _ . or -"
+            " (the rule the API applies to X-Tenant-Id)."
+        )
+    return None
+
+
+@bp.post("/tenant")
+@login_required
+def switch_tenant():
+    if g.role != "admin":
+        log.warning(
+            "event=console.tenant_switch_refused key_id=%s actor=%s role=%s tenant=%s",
+            g.key_id,
+            g.actor,
+            g.role,
+            g.tenant,
+        )
+        abort(403, f"a {g.role} key works in its own tenant: switching tenants needs an admin key")
+    asked = request.form.get("tenant", "").strip()
+    problem = tenant_problem(asked)
+    if problem:
+        abort(422, f"Tenant not switched: {problem}")
+    user = dict(session[SESSION_KEY])  # login_required has checked it
+    before = g.tenant
+    if asked == user["tenant"]:
+        user.pop(ACTING, None)
+        flash(f"Back in your key's own tenant {asked}.", "ok")
+    else:
+        user[ACTING] = asked
+        known = known_tenants()
+        note = "" if known is None or asked in known else " It has no sequences or instances yet."
+        flash(f"Now acting for tenant {asked}.{note}", "ok")
+    session[SESSION_KEY] = user
+    log.info(
+        "event=console.tenant_switch key_id=%s actor=%s home=%s from=%s to=%s",
+        g.key_id,
+        g.actor,
+        user["tenant"],
+        before,
+        asked,
+    )
+    # The page the admin was on belongs to the old tenant: start from the dashboard.
+    return redirect(url_for("console.dashboard"))
