@@ -607,7 +607,6 @@ def test_only_an_admin_may_switch_tenant(app, keys, conn, failed, role):
     [
         ("", "enter the id of the tenant"),
         ("   ", "enter the id of the tenant"),
-        ("a" * 129, "at most 128 characters; this one has 129"),
         ("a" * 101, "1-100 characters"),
         ("two words", "1-100 characters"),
         ("../etc", "1-100 characters"),
