@@ -171,6 +171,12 @@ def test_up_serves_ready_and_stops_everything(tmp_path, sig):
         assert get(f"http://127.0.0.1:{port}/health/live")[0] == 200
         pid = postmaster_pid(tmp_path / "pgdata")
         assert pid and alive(pid)
+        # another orch8 command on the same data directory reuses the running server and
+        # leaves it running (it stops only a server it started)
+        listed = run_orch8("instances", "list", env=orch8_env(ORCH8_DATA_DIR=str(tmp_path)))
+        assert listed.returncode == 0, listed.stderr
+        assert postmaster_pid(tmp_path / "pgdata") == pid and alive(pid)
+        assert get(f"http://127.0.0.1:{port}/health/ready")[0] == 200
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=30)
     finally:
