@@ -968,3 +968,37 @@ def test_a_database_that_is_down_or_not_migrated_answers_503(empty_db_url):
         assert body["error"] == "schema not current" and "orch8 db migrate" in body["detail"]
     finally:
         bare.extensions["orch8.pool"].close()
+
+
+def test_walking_instance_pages_while_instances_are_created_never_repeats_or_skips(conn, api):
+    """The documented paging promise: a cursor walk visits every instance that existed when
+    it began exactly once, even while new ones arrive (same created_at included: one
+    transaction creates a batch with one clock)."""
+    ok(api.post("/sequences", {"name": "hello", "definition": HELLO}), 201)
+    seq = conn.execute("SELECT id FROM orch8.sequences WHERE name = 'hello'").fetchone()[0]
+
+    def create(n):
+        with conn.transaction():  # one transaction: every row gets the same created_at
+            return {
+                str(
+                    conn.execute(
+                        "SELECT id FROM orch8.create_instance(%s, %s)", (ACME, seq)
+                    ).fetchone()[0]
+                )
+                for _ in range(n)
+            }
+
+    before = create(23) | create(20)
+    seen: list[str] = []
+    cursor = None
+    while True:
+        query = {"limit": 7, **({"cursor": cursor} if cursor else {})}
+        page = ok(api.get("/instances", query_string=query))
+        seen += [i["id"] for i in page["items"]]
+        create(3)  # newer than every cursor handed out so far
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    new = [i for i in seen if i not in before]
+    assert len(seen) == len(set(seen))  # nothing twice
+    assert set(seen) - set(new) == before  # nothing that existed was skipped
