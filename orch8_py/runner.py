@@ -91,6 +91,7 @@ class Runner:
         self.lock = threading.Lock()
         self.definitions: dict[tuple[str, uuid.UUID], dict] = {}
         self.pure_handlers: set[str] | None = None
+        self.builtin_names: set[str] = set()  # every name in orch8.builtin_handlers
         # Twice the instance threads: a handler that overran its timeout keeps its thread
         # (Python cannot kill one), and the spare threads keep steps flowing meanwhile.
         self.handler_threads = s.concurrency * 2
@@ -138,11 +139,10 @@ class Runner:
     def _load_pure_handlers(self) -> set[str]:
         if self.pure_handlers is None:
             rows = self._call(
-                "SELECT name FROM orch8.builtin_handlers WHERE NOT has_side_effects",
-                (),
-                fetch="all",
+                "SELECT name, has_side_effects FROM orch8.builtin_handlers", (), fetch="all"
             )
-            self.pure_handlers = {r["name"] for r in rows}
+            self.builtin_names = {r["name"] for r in rows}
+            self.pure_handlers = {r["name"] for r in rows if not r["has_side_effects"]}
         return self.pure_handlers
 
     def definition(self, tenant: str, sequence_id: uuid.UUID) -> dict:
@@ -380,7 +380,18 @@ class Runner:
         name = block.get("handler")
         fn = registry.get(name) if name else None
         if fn is None:
-            msg = f"block {block_id!r}: handler {name!r} is not registered in this runner"
+            self._load_pure_handlers()
+            if name in self.builtin_names:
+                msg = (
+                    f"block {block_id!r}: handler {name!r} is a builtin name that orch8-py "
+                    "does not implement yet (docs/HANDLERS.md lists the ones it does)"
+                )
+            else:
+                msg = (
+                    f"block {block_id!r}: handler {name!r} is not registered in this runner "
+                    "(load the module that registers it: --import MODULE or "
+                    "ORCH8_HANDLER_MODULES)"
+                )
             log.warning("event=step.unknown_handler %s handler=%s", where, name)
             return self._fail(row, block_id, attempt, msg), None
         context = row["context"]

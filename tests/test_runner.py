@@ -172,13 +172,17 @@ def test_unregistered_handler_and_bad_template_fail_clearly(conn, runner):
         conn,
         [{"type": "step", "id": "a", "handler": "test.charge", "params": {"x": "{{ data.nope }}"}}],
     )
-    a, b = start(conn, seq, {}), start(conn, seq2, {})
-    states = wait_for(conn, [a, b])
+    seq3 = make_sequence(conn, [{"type": "step", "id": "a", "handler": "human_review"}])
+    a, b, c = start(conn, seq, {}), start(conn, seq2, {}), start(conn, seq3, {})
+    states = wait_for(conn, [a, b, c])
     assert states[a][0] == "failed" and "'nobody.registered.this' is not registered" in states[a][1]
+    assert "--import MODULE or ORCH8_HANDLER_MODULES" in states[a][1]
     assert states[b][0] == "failed" and "data.nope not found" in states[b][1]
-    # nothing was dispatched for either
+    assert states[c][0] == "failed"
+    assert "'human_review' is a builtin name that orch8-py does not implement yet" in states[c][1]
+    # nothing was dispatched for any
     n = conn.execute(
-        "SELECT count(*) FROM orch8.effect_receipts WHERE instance_id = ANY(%s)", ([a, b],)
+        "SELECT count(*) FROM orch8.effect_receipts WHERE instance_id = ANY(%s)", ([a, b, c],)
     ).fetchone()[0]
     assert n == 0
 
