@@ -1,9 +1,9 @@
 """GET /metrics against a real PostgreSQL: the database-derived gauges, the runner's
 process-local counters, and the answer when the database is down.
 
-The blueprint is registered on the app here (if the factory does not already), and the
-output is parsed with prometheus_client's own text parser. The runner registry is
-process-global, so runner-side assertions compare values before and after.
+The app factory serves /metrics itself; the output is parsed with prometheus_client's own
+text parser. The runner registry is process-global, so runner-side assertions compare
+values before and after.
 """
 
 from __future__ import annotations
@@ -331,3 +331,33 @@ def test_runner_counts_its_steps(conn, db_url):
     assert after["ok"] - before["ok"] == 3
     assert after["failed"] - before["failed"] == 3
     assert after["claims"] - before["claims"] >= 3
+
+
+def test_orch8_run_serves_its_metrics_when_asked(conn, db_url, tmp_path):
+    """README: ORCH8_METRICS_PORT makes `orch8 run` serve its runner metrics, on
+    ORCH8_METRICS_HOST (default 127.0.0.1)."""
+    import signal
+
+    from tests.runner_helpers import spawn_runner
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    seq = make_sequence(conn, [{"type": "step", "id": "a", "handler": "noop"}])
+    instance = start(conn, seq)
+    log = tmp_path / "run.log"
+    proc = spawn_runner(db_url, log, ORCH8_METRICS_PORT=str(port))
+    try:
+        assert wait_for(conn, [instance])[instance][0] == "completed"
+        body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()
+    succeeded = [
+        s.value
+        for f in text_string_to_metric_families(body)
+        for s in f.samples
+        if s.name == "orch8_steps_succeeded_total" and s.labels.get("handler") == "noop"
+    ]
+    assert succeeded == [1.0], body  # this process ran the one step
+    assert f"runner metrics on http://127.0.0.1:{port}/metrics" in log.read_text()
