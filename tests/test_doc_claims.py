@@ -15,11 +15,11 @@ import pytest
 from psycopg.types.json import Jsonb
 
 import orch8_py
-from orch8_py import handlers
-from orch8_py.handlers import StepContext, StepError
+from orch8_py.handlers import StepError
 from orch8_py.handlers import http as handler_http
 from orch8_py.webhooks import WebhookDeliverer
 from tests.cli_helpers import assert_one_line_error, orch8_env, run_orch8
+from tests.handler_helpers import make_ctx, run
 from tests.http_provider import provider_fixture  # noqa: F401  (fixture "provider")
 from tests.runner_helpers import TENANT, make_sequence
 
@@ -357,28 +357,6 @@ def test_webhook_last_error_is_cut_to_2000_characters(db_url, conn, provider):
 def allow_private(monkeypatch):
     """The provider listens on 127.0.0.1 (HANDLERS.md:270 turns the SSRF guard off)."""
     monkeypatch.setenv("ORCH8_ALLOW_PRIVATE_URLS", "1")
-
-
-def make_ctx(**kw) -> StepContext:
-    values = {
-        "tenant_id": TENANT,
-        "instance_id": uuid.uuid4(),
-        "block_id": "b1",
-        "attempt": 0,
-        "handler": "test",
-        "effect_id": uuid.uuid4(),
-        "context": {"data": {}, "config": {}, "runtime": {}},
-        "outputs": {},
-        "timeout": 30.0,
-    }
-    values.update(kw)
-    return StepContext(**values)
-
-
-def run(name: str, params: dict, ctx: StepContext | None = None):
-    fn = handlers.get(name)
-    assert fn is not None, name
-    return fn(params, ctx or make_ctx(handler=name))
 
 
 def test_http_request_ignores_a_host_header(allow_private, provider):

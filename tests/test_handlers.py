@@ -23,6 +23,7 @@ from orch8_py.errors import StaleLease
 from orch8_py.handlers import NotApplied, StepContext, StepError
 from orch8_py.handlers import http as handler_http
 from orch8_py.handlers.builtin import SqlInstanceState
+from tests.handler_helpers import make_ctx, run
 from tests.http_provider import Provider, provider_fixture  # noqa: F401  (fixture: provider)
 
 TENANT = "t1"
@@ -45,28 +46,6 @@ SIDE_EFFECTING = ("http_request", "llm_call", "tool_call")
 def allow_private(monkeypatch):
     """The provider listens on 127.0.0.1; SSRF tests remove this again."""
     monkeypatch.setenv("ORCH8_ALLOW_PRIVATE_URLS", "1")
-
-
-def make_ctx(**kw) -> StepContext:
-    values = {
-        "tenant_id": TENANT,
-        "instance_id": uuid.uuid4(),
-        "block_id": "b1",
-        "attempt": 0,
-        "handler": "test",
-        "effect_id": uuid.uuid4(),
-        "context": {"data": {}, "config": {}, "runtime": {}},
-        "outputs": {},
-        "timeout": 30.0,
-    }
-    values.update(kw)
-    return StepContext(**values)
-
-
-def run(name, params, ctx=None):
-    fn = handlers.get(name)
-    assert fn is not None, f"{name} is not registered"
-    return fn(params, ctx or make_ctx(handler=name))
 
 
 # --- registry ---------------------------------------------------------------------------
