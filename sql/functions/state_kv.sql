@@ -89,15 +89,10 @@ AS $$
 DECLARE
     v_current jsonb;
     v_merged jsonb;
-    v_limit integer := coalesce(
-        nullif(current_setting('orch8.max_state_value_bytes', true), '')::integer, 262144);
 BEGIN
     -- The lease row lock serialises every writer of this instance's state, so the read
     -- and the write below cannot interleave with another merge.
     PERFORM orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
-    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 256 THEN
-        RAISE EXCEPTION 'a state key is a string of 1 to 256 bytes' USING ERRCODE = 'O8008';
-    END IF;
     IF p_patch IS NULL OR jsonb_typeof(p_patch) <> 'object' THEN
         RAISE EXCEPTION 'merge_instance_state needs a JSON object to merge, got %',
             coalesce(jsonb_typeof(p_patch), 'NULL') USING ERRCODE = 'O8008';
@@ -111,16 +106,8 @@ BEGIN
             USING ERRCODE = 'O8008', HINT = 'replace it with set_instance_state';
     END IF;
     v_merged := coalesce(v_current, '{}'::jsonb) || p_patch;
-    IF octet_length(v_merged::text) > v_limit THEN
-        RAISE EXCEPTION 'state value for key % would be % bytes, over the limit of % bytes',
-            p_key, octet_length(v_merged::text), v_limit
-            USING ERRCODE = 'O8008',
-                  HINT = 'the limit is the setting orch8.max_state_value_bytes';
-    END IF;
-    INSERT INTO orch8.instance_kv_state AS s (tenant_id, instance_id, key, value)
-    VALUES (p_tenant_id, p_instance_id, p_key, v_merged)
-    ON CONFLICT (tenant_id, instance_id, key)
-    DO UPDATE SET value = excluded.value, updated_at = orch8.now();
+    -- the key and size rules, and the write, are set_instance_state's
+    PERFORM orch8.set_instance_state(p_tenant_id, p_instance_id, p_lease_token, p_key, v_merged);
     RETURN v_merged;
 END
 $$;
