@@ -10,8 +10,7 @@ from psycopg.rows import dict_row
 from . import db
 from .cli_common import EXIT_OK, command, common_flags, emit, parse_uuid, table, tenant_flag
 from .errors import NotFound
-
-EVENTS = ("instance.completed", "instance.failed")
+from .states import OUTBOX_STATES, WEBHOOK_EVENTS
 
 
 @command
@@ -20,9 +19,9 @@ def webhooks_subscribe(args, url: str) -> int:
     with db.connect(url, autocommit=True) as conn, db.engine_errors():
         sub_id = conn.execute(
             "SELECT orch8.create_webhook_subscription(%s, %s, %s, %s)",
-            (args.tenant, args.url, secret, args.events or list(EVENTS)),
+            (args.tenant, args.url, secret, args.events or list(WEBHOOK_EVENTS)),
         ).fetchone()[0]
-    result = {"id": sub_id, "url": args.url, "events": args.events or list(EVENTS)}
+    result = {"id": sub_id, "url": args.url, "events": args.events or list(WEBHOOK_EVENTS)}
     if not args.secret:
         result["secret"] = secret
     text = f"subscribed {args.url} to {', '.join(result['events'])} (subscription {sub_id})"
@@ -138,7 +137,11 @@ def add_parsers(sub) -> None:
     subscribe = hooksub.add_parser("subscribe", help="send instance events to a URL, signed")
     subscribe.add_argument("url", help="http(s) endpoint")
     subscribe.add_argument(
-        "--event", dest="events", action="append", choices=EVENTS, help="repeatable; default both"
+        "--event",
+        dest="events",
+        action="append",
+        choices=WEBHOOK_EVENTS,
+        help="repeatable; default both",
     )
     subscribe.add_argument("--secret", default=None, help="signing secret (default: generated)")
     common_flags(subscribe)
@@ -159,9 +162,7 @@ def add_parsers(sub) -> None:
     common_flags(enable)
     enable.set_defaults(db_func=webhooks_enable)
     outbox = hooksub.add_parser("outbox", help="deliveries, newest first")
-    outbox.add_argument(
-        "--state", choices=("pending", "delivering", "delivered", "parked", "discarded")
-    )
+    outbox.add_argument("--state", choices=OUTBOX_STATES)
     outbox.add_argument("--limit", type=int, default=50)
     common_flags(outbox)
     outbox.set_defaults(db_func=webhooks_outbox)

@@ -27,3 +27,5 @@ EFFECT_STATES = (
 EFFECT_KINDS = ("http", "model", "message", "storage", "custom", "worker")
 
 OUTBOX_STATES = ("pending", "delivering", "delivered", "parked", "discarded")
+
+WEBHOOK_EVENTS = ("instance.completed", "instance.failed")

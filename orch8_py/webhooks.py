@@ -40,7 +40,6 @@ from . import __version__, db
 log = logging.getLogger("orch8.webhooks")
 
 CHANNEL = "orch8_webhooks"
-EVENTS = ("instance.completed", "instance.failed")
 SIGNATURE_PREFIX = "sha256="
 DEFAULT_TOLERANCE = 300.0  # seconds a receiver accepts between X-Orch8-Timestamp and now
 USER_AGENT = f"orch8-py/{__version__} (webhooks)"

@@ -20,5 +20,5 @@ def test_states_match_the_database(conn):
             " 'orch8.webhook_outbox'::regclass) AND contype = 'c'"
         )
     )
-    for name in states.EFFECT_KINDS + states.OUTBOX_STATES:
+    for name in states.EFFECT_KINDS + states.OUTBOX_STATES + states.WEBHOOK_EVENTS:
         assert f"'{name}'" in checks, name

@@ -21,8 +21,8 @@ PREFIX = "/api/v1"
 INSTANCE_STATES = list(states.INSTANCE_STATES)
 EFFECT_STATES = list(states.EFFECT_STATES)
 KINDS = list(states.EFFECT_KINDS)
-WEBHOOK_STATES = ["pending", "delivering", "delivered", "parked", "discarded"]
-WEBHOOK_EVENTS = ["instance.completed", "instance.failed"]
+WEBHOOK_STATES = list(states.OUTBOX_STATES)
+WEBHOOK_EVENTS = list(states.WEBHOOK_EVENTS)
 
 # --- schema helpers ----------------------------------------------------------------------
 
@@ -334,7 +334,7 @@ SCHEMAS: dict[str, Any] = {
         {
             "id": INT64,
             "subscription_id": UUID,
-            "event": enum(["instance.completed", "instance.failed"]),
+            "event": enum(WEBHOOK_EVENTS),
             "instance_id": UUID,
             "payload": OBJECT,
             "state": enum(WEBHOOK_STATES),

@@ -11,6 +11,8 @@ from typing import Any
 
 from flask import Blueprint, g, request
 
+from orch8_py.states import OUTBOX_STATES, WEBHOOK_EVENTS
+
 from ..auth import OPERATOR, require
 from ..db import tenant_tx
 from ..problems import Problem
@@ -34,14 +36,12 @@ from .validation import (
 
 bp = Blueprint("webhooks", __name__)
 
-STATES = ("pending", "delivering", "delivered", "parked", "discarded")
 COLUMNS = (
     "id, subscription_id, event, instance_id, payload, state, attempts, next_attempt_at,"
     " last_error, last_status, claimed_by, claim_expires_at, created_at, delivered_at"
 )
 NO_FIELDS: dict[str, Field] = {}
 
-EVENTS = ("instance.completed", "instance.failed")
 # what is read back of a subscription: never its secret
 SUBSCRIPTION = "id, url, events, enabled, created_at"
 SUBSCRIBE = {
@@ -61,11 +61,13 @@ def _event_problems(events: Any) -> list[dict[str, str]]:
     if not isinstance(events, list):
         return []  # absent, null, or already reported as not an array
     if not events:
-        return [{"path": "events", "message": f"must name at least one of {', '.join(EVENTS)}"}]
+        return [
+            {"path": "events", "message": f"must name at least one of {', '.join(WEBHOOK_EVENTS)}"}
+        ]
     return [
-        {"path": f"events[{i}]", "message": f"must be one of {', '.join(EVENTS)}"}
+        {"path": f"events[{i}]", "message": f"must be one of {', '.join(WEBHOOK_EVENTS)}"}
         for i, event in enumerate(events)
-        if event not in EVENTS and not (isinstance(event, str) and string_problem(event))
+        if event not in WEBHOOK_EVENTS and not (isinstance(event, str) and string_problem(event))
     ][:50]
 
 
@@ -121,7 +123,7 @@ def subscribe():
     with tenant_tx() as conn:
         sub_id = conn.execute(
             "SELECT orch8.create_webhook_subscription(%s, %s, %s, %s::text[]) AS id",
-            (g.tenant, body["url"], secret, body.get("events", list(EVENTS))),
+            (g.tenant, body["url"], secret, body.get("events", list(WEBHOOK_EVENTS))),
         ).fetchone()["id"]
         row = _load_subscription(conn, sub_id)
     if generated:
@@ -169,7 +171,8 @@ def enable(subscription_id: str):
 @require(*OPERATOR)
 def outbox():
     q = query(
-        {"state": one_of(*STATES), "limit": LIMIT, "cursor": cursor(cursor_int)}, {"limit": 50}
+        {"state": one_of(*OUTBOX_STATES), "limit": LIMIT, "cursor": cursor(cursor_int)},
+        {"limit": 50},
     )
     where = ["tenant_id = %s"]
     args: list = [g.tenant]
