@@ -91,8 +91,8 @@ class Field:
     type: type
     required: bool = False
     nullable: bool = False  # null accepted, meaning "not given"
-    enum: tuple[str, ...] | None = None
-    min: int | None = None
+    enum: tuple[str, ...] | None = None  # for a string, or each item of a list
+    min: int | None = None  # for an integer; for a list of enum names, its least length
     max: int | None = None
     min_bytes: int | None = None
     max_bytes: int | None = None
@@ -180,6 +180,18 @@ def check_fields(body: Mapping[str, Any], schema: Schema, prefix: str = "") -> l
                 add(name, f"must be at most {spec.max}")
         elif isinstance(value, dict | list):
             problems.extend(json_problems(value, f"{prefix}{name}"))
+            if isinstance(value, list) and spec.enum is not None:  # a list of names
+                choices = ", ".join(spec.enum)
+                if spec.min is not None and len(value) < spec.min:
+                    add(name, f"must name at least {spec.min} of {choices}")
+                bad = [
+                    i
+                    for i, item in enumerate(value)
+                    if item not in spec.enum
+                    and not (isinstance(item, str) and string_problem(item))
+                ]
+                for i in bad[:50]:
+                    add(f"{name}[{i}]", f"must be one of {choices}")
     return problems
 
 
