@@ -5,7 +5,7 @@
 --   (charge-again, 0) 95de834f-9bd2-8c4e-9f97-1a0c1d5131cb
 --   (charge, 1)       4733528e-c5e6-8f5e-9e5a-9698fd50dbe7
 BEGIN;
-SELECT plan(37);
+SELECT plan(38);
 
 CREATE TEMP TABLE inv AS
 SELECT * FROM orch8.declare_invariant(
@@ -412,26 +412,35 @@ SELECT throws_ok(
 SELECT throws_ok(
     $$SELECT orch8.declare_invariant('t1', 'x', '{"type": "no_unknown_effects"}', true,
           p_instance_id := '00000000-0000-0000-0000-0000000000a1')$$,
-    'O8005', NULL,
-    'commit_guard on a rule other than effect_at_most_once: O8005'
+    'O8005', 'invariant type no_unknown_effects is not supported yet',
+    'a rule type of the language that the engine does not evaluate: O8005, not supported yet'
 );
 
 SELECT throws_ok(
-    $$SELECT orch8.declare_invariant('t1', 'x', '{"type": "no_unknown_effects"}')$$,
+    $$SELECT orch8.declare_invariant('t1', 'x', '{"type": "effect_at_most_once", "kind": "http"}',
+          false, p_instance_id := '00000000-0000-0000-0000-0000000000a1')$$,
+    'O8005', NULL,
+    'effect_at_most_once that is not a commit guard (nothing would check it): O8005'
+);
+
+SELECT throws_ok(
+    $$SELECT orch8.declare_invariant('t1', 'x', '{"type": "effect_at_most_once", "kind": "http"}',
+          true)$$,
     'O8005', NULL,
     'neither an instance nor a sequence: O8005'
 );
 
 SELECT throws_ok(
-    $$SELECT orch8.declare_invariant('t1', 'x', '{"type": "no_unknown_effects"}', false,
-          p_instance_id := '00000000-0000-0000-0000-0000000000a1',
+    $$SELECT orch8.declare_invariant('t1', 'x', '{"type": "effect_at_most_once", "kind": "http"}',
+          true, p_instance_id := '00000000-0000-0000-0000-0000000000a1',
           p_sequence_id := '00000000-0000-0000-0000-0000000000ee')$$,
     'O8005', NULL,
     'both an instance and a sequence: O8005'
 );
 
 SELECT lives_ok(
-    $$SELECT orch8.declare_invariant('t1', 'no unknowns', '{"type": "no_unknown_effects"}',
+    $$SELECT orch8.declare_invariant('t1', 'charge once',
+          '{"type": "effect_at_most_once", "kind": "http"}', true,
           p_sequence_id := '00000000-0000-0000-0000-0000000000ee', p_sequence_version := 2)$$,
     'a well-formed sequence-scoped declaration is accepted'
 );

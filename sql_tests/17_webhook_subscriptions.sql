@@ -116,7 +116,7 @@ SELECT is(
     'enabling an enabled subscription changes nothing'
 );
 SELECT results_eq(
-    $$SELECT url, secret, enabled FROM orch8.webhook_subscriptions
+    $$SELECT url::text, secret, enabled FROM orch8.webhook_subscriptions
       WHERE id = pg_temp.id('sub_a')$$,
     $$VALUES ('https://hooks.example/a'::text, 'sec-a'::text, true)$$,
     'url and secret are kept'

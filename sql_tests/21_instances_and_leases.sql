@@ -4,7 +4,7 @@
 -- finish_step. Time moves with orch8.fake_now; every claim is made in this file, so
 -- which instances are due is known at each point.
 BEGIN;
-SELECT plan(123);
+SELECT plan(124);
 
 SELECT set_config('orch8.fake_now', '2030-01-01 00:00:00+00', true);
 
@@ -29,8 +29,10 @@ CREATE TEMP TABLE leases (
 
 CREATE TEMP TABLE outcomes (name text PRIMARY KEY, o orch8.effect_outcome);
 
+-- blocks prep then call: finish_step finds the next block in the definition
 INSERT INTO orch8.sequences (tenant_id, name, version, definition)
-VALUES ('tap', 'flow', 1, '{}');
+VALUES ('tap', 'flow', 1, '{"blocks": [{"id": "prep", "type": "step", "handler": "transform"},
+                                       {"id": "call", "type": "step", "handler": "x.y"}]}');
 INSERT INTO ids (name, id)
 SELECT
     'seq' AS name,
@@ -734,13 +736,12 @@ SELECT is(
     pg_temp.footprint('s1'), ARRAY[0, 2, 0],
     'begin_step: a pure handler writes no block output and no receipt'
 );
-SELECT is(
-    orch8.finish_step(
-        'tap', pg_temp.id('s1'), pg_temp.token('s1'), 'prep', 0, NULL, 'ok', '{"v": 1}',
-        p_next_block => 'call'
-    ),
-    'running',
-    'finish_step ok with a next block: the instance stays running'
+SELECT results_eq(
+    $$SELECT f.state, f.next_block, f.next_attempt FROM orch8.finish_step(
+        'tap', pg_temp.id('s1'), pg_temp.token('s1'), 'prep', 0, NULL, 'ok', '{"v": 1}'
+    ) AS f$$,
+    $$VALUES ('running'::orch8.instance_state, 'call'::text, 0)$$,
+    'finish_step ok before the last block: running, and the next block with its attempt'
 );
 SELECT results_eq(
     $$SELECT (pg_temp.inst('s1')).current_block, o.attempt, o.sentinel, o.output, o.effect_id
@@ -807,10 +808,10 @@ SELECT is(
 );
 
 SELECT is(
-    orch8.finish_step(
+    (SELECT f.state::text FROM orch8.finish_step(
         'tap', pg_temp.id('s1'), pg_temp.token('s1'), 'call', 0,
         (pg_temp.receipt('s1_call')).id, 'error', '{}', 'HTTP 503', '5 minutes'
-    ),
+    ) AS f),
     'scheduled',
     'finish_step error with retry_in: scheduled'
 );
@@ -840,10 +841,10 @@ SELECT is(
     'compute_attempt: latest row __retry__: previous + 1'
 );
 SELECT is(
-    orch8.finish_step(
+    (SELECT f.state::text FROM orch8.finish_step(
         'tap', pg_temp.id('s1'), pg_temp.token('s1'), 'call', 0,
         (pg_temp.receipt('s1_call')).id, 'error', '{}', 'HTTP 503', '5 minutes'
-    ),
+    ) AS f),
     'scheduled',
     'finish_step repeated under the same (now released) lease: answers the state'
 );
@@ -858,10 +859,10 @@ SELECT is(
     'begin_step: s2 dispatches its step'
 );
 SELECT is(
-    orch8.finish_step(
+    (SELECT f.state::text FROM orch8.finish_step(
         'tap', pg_temp.id('s2'), pg_temp.token('s2'), 'charge', 0,
         (pg_temp.receipt('s2_charge')).id, 'ok', '{"receipt_id": "r-1"}'
-    ),
+    ) AS f),
     'completed',
     'finish_step ok without a next block: completed'
 );
@@ -880,10 +881,10 @@ SELECT results_eq(
     'finish_step ok: audit row running -> completed by runner'
 );
 SELECT is(
-    orch8.finish_step(
+    (SELECT f.state::text FROM orch8.finish_step(
         'tap', pg_temp.id('s2'), pg_temp.token('s2'), 'charge', 0,
         (pg_temp.receipt('s2_charge')).id, 'ok', '{"receipt_id": "r-1"}'
-    ),
+    ) AS f),
     'completed',
     'finish_step ok repeated under the same lease: answers completed'
 );
@@ -898,11 +899,11 @@ SELECT is(
     'begin_step: s3 dispatches its step'
 );
 SELECT is(
-    orch8.finish_step(
+    (SELECT f.state::text FROM orch8.finish_step(
         'tap', pg_temp.id('s3'), pg_temp.token('s3'), 'send', 0,
         (pg_temp.receipt('s3_send')).id, 'not_applied', '{"error": "connection refused"}',
         'connection refused'
-    ),
+    ) AS f),
     'failed',
     'finish_step not_applied without retry_in: failed'
 );
@@ -940,6 +941,15 @@ SELECT throws_ok(
 SELECT throws_ok(
     $$SELECT orch8.transition_instance('tap', gen_random_uuid(), 'scheduled', 'running', 'x')$$,
     'O8004', NULL, 'transition_instance: running is reached only by a claim (O8004)'
+);
+
+-- claim_work: the runner's claim names the block to run and its attempt
+SELECT FROM pg_temp.create('cw', p_priority => 5000, p_fire_at => orch8.now() - interval '1 day');
+SELECT results_eq(
+    $$SELECT c.id, c.current_block, c.current_attempt, c.progress
+      FROM orch8.claim_work('w-cw', 1, '1 hour') AS c$$,
+    $$VALUES (pg_temp.id('cw'), 'prep'::text, 0, '{}'::jsonb)$$,
+    'claim_work: a new instance starts at the first block of its sequence, attempt 0'
 );
 
 SELECT * FROM finish();

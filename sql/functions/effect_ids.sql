@@ -163,7 +163,9 @@ LANGUAGE sql
 IMMUTABLE
 PARALLEL SAFE
 AS $$
-    SELECT CASE WHEN octet_length(v.found) <= 256 THEN v.found END
+    SELECT CASE
+        WHEN octet_length(v.found) <= orch8.limit_of('provider_receipt_id_bytes') THEN v.found
+    END
     FROM (
         SELECT (
             SELECT p_output ->> k.key

@@ -165,10 +165,12 @@ BEGIN
         p_block_id, p_attempt, p_request_sha256) THEN
         RAISE EXCEPTION 'deterministic effect id % collided with different effect evidence', p_id
             USING ERRCODE = 'O8005',
-                  DETAIL = format(
-                      'stored: block %s attempt %s request %s; candidate: block %s attempt %s request %s',
-                      v_row.block_id, v_row.attempt, v_row.request_sha256,
-                      p_block_id, p_attempt, p_request_sha256),
+                  DETAIL = json_build_object(
+                      'effect_id', p_id,
+                      'stored', json_build_object('block_id', v_row.block_id,
+                          'attempt', v_row.attempt, 'request_sha256', v_row.request_sha256),
+                      'candidate', json_build_object('block_id', p_block_id,
+                          'attempt', p_attempt, 'request_sha256', p_request_sha256))::text,
                   HINT = 'the resolved params of one attempt changed between runs '
                          '(a template using the time or a random value?)';
     END IF;
@@ -210,6 +212,7 @@ BEGIN
     IF v_unknown_keys IS NOT NULL THEN
         RAISE EXCEPTION 'unknown patch field(s): %', array_to_string(v_unknown_keys, ', ')
             USING ERRCODE = 'O8008',
+                  DETAIL = json_build_object('fields', v_unknown_keys)::text,
                   HINT = 'allowed: provider_receipt_id, error, evidence, actor, note';
     END IF;
     IF v_patch ? 'evidence' AND jsonb_typeof(v_patch -> 'evidence') <> 'object' THEN
@@ -324,29 +327,31 @@ AS $$
 DECLARE
     v_row orch8.workflow_invariants;
     v_type text := p_rule ->> 'type';
+    v_note text;
 BEGIN
     IF p_rule IS NULL OR jsonb_typeof(p_rule) <> 'object' THEN
         RAISE EXCEPTION 'invariant rule must be a JSON object with a "type"'
             USING ERRCODE = 'O8005';
     END IF;
-    IF v_type IS NULL OR v_type NOT IN (
-        'effect_at_most_once', 'no_unknown_effects', 'terminal_state_in',
-        'output_path_present'
-    ) THEN
+    SELECT CASE WHEN l.supported THEN NULL ELSE l.note END INTO v_note
+    FROM orch8.sequence_language() AS l
+    WHERE l.scope = 'invariant_type' AND l.field = v_type;
+    IF NOT found THEN
         RAISE EXCEPTION 'unknown invariant type %', coalesce(v_type, '(missing)')
-            USING ERRCODE = 'O8005',
-                  HINT = 'effect_at_most_once, no_unknown_effects, terminal_state_in, '
-                         'output_path_present';
+            USING ERRCODE = 'O8005', HINT = 'effect_at_most_once';
     END IF;
-    IF v_type = 'effect_at_most_once' AND coalesce(p_rule ->> 'kind', '') NOT IN (
-        'http', 'model', 'message', 'storage', 'custom', 'worker'
-    ) THEN
-        RAISE EXCEPTION 'effect_at_most_once needs a kind (http, model, message, storage, '
-                        'custom, worker), got %', coalesce(p_rule ->> 'kind', '(missing)')
+    IF v_note IS NOT NULL THEN
+        RAISE EXCEPTION 'invariant type % is %', v_type, v_note
+            USING ERRCODE = 'O8005', HINT = 'effect_at_most_once';
+    END IF;
+    IF coalesce(p_rule ->> 'kind', '') <> ALL (orch8.effect_kinds()) THEN
+        RAISE EXCEPTION 'effect_at_most_once needs a kind (%), got %',
+            array_to_string(orch8.effect_kinds(), ', '), coalesce(p_rule ->> 'kind', '(missing)')
             USING ERRCODE = 'O8005';
     END IF;
-    IF coalesce(p_commit_guard, false) AND v_type <> 'effect_at_most_once' THEN
-        RAISE EXCEPTION 'only effect_at_most_once may have commit_guard'
+    IF NOT coalesce(p_commit_guard, false) THEN
+        RAISE EXCEPTION 'effect_at_most_once is enforced as a commit guard: declare it with '
+                        'commit_guard true (a check after the fact is not supported yet)'
             USING ERRCODE = 'O8005';
     END IF;
     IF (p_instance_id IS NULL) = (p_sequence_id IS NULL) THEN
@@ -356,8 +361,7 @@ BEGIN
     INSERT INTO orch8.workflow_invariants AS w (
         tenant_id, name, rule, commit_guard, instance_id, sequence_id, sequence_version
     ) VALUES (
-        p_tenant_id, p_name, p_rule, coalesce(p_commit_guard, false), p_instance_id,
-        p_sequence_id, p_sequence_version
+        p_tenant_id, p_name, p_rule, true, p_instance_id, p_sequence_id, p_sequence_version
     )
     RETURNING w.* INTO v_row;
     RETURN v_row;
@@ -365,9 +369,10 @@ END
 $$;
 
 COMMENT ON FUNCTION orch8.declare_invariant(text, text, jsonb, boolean, uuid, uuid, integer) IS
-'Declare an invariant for one instance or for a sequence (one version or all). Rules: '
-'{"type":"effect_at_most_once","kind":K} (the only one that may be a commit_guard), '
-'no_unknown_effects, terminal_state_in, output_path_present. Malformed: O8005.';
+'Declare an invariant for one instance or for a sequence (one version or all). The one '
+'rule this engine enforces is {"type":"effect_at_most_once","kind":K} as a commit guard '
+'(p_commit_guard true); the other types of orch8.sequence_language() are not supported '
+'yet. Anything else, or commit_guard false: O8005.';
 
 CREATE OR REPLACE FUNCTION orch8.append_invariant_result(
     p_invariant orch8.workflow_invariants,
@@ -547,7 +552,8 @@ BEGIN
 
     v_kind := orch8.effect_kind(p_handler);
     IF jsonb_typeof(p_params -> 'idempotency_key') = 'string'
-       AND octet_length(p_params ->> 'idempotency_key') <= 256 THEN
+       AND octet_length(p_params ->> 'idempotency_key') <= orch8.limit_of('idempotency_key_bytes')
+    THEN
         v_key := p_params ->> 'idempotency_key';
     END IF;
     v_row := orch8.ensure_effect_receipt(
@@ -639,7 +645,8 @@ RETURNS orch8.effect_outcome
 LANGUAGE sql
 AS $$
     SELECT orch8.settle_effect(p_tenant_id, p_id, 'dispatched', 'unknown',
-        jsonb_build_object('error', left(coalesce(p_error, 'unknown error'), 2000),
+        jsonb_build_object('error', left(coalesce(p_error, 'unknown error'),
+                                         orch8.limit_of('error_chars')::integer),
                            'note', 'handler failed or timed out after dispatch'))
 $$;
 
@@ -701,8 +708,13 @@ BEGIN
     IF jsonb_typeof(v_evidence) <> 'object' THEN
         RAISE EXCEPTION 'evidence must be a JSON object' USING ERRCODE = 'O8008';
     END IF;
-    IF octet_length(p_provider_receipt_id) > 256 THEN
-        RAISE EXCEPTION 'provider_receipt_id is longer than 256 bytes' USING ERRCODE = 'O8008';
+    IF octet_length(p_provider_receipt_id) > orch8.limit_of('provider_receipt_id_bytes') THEN
+        RAISE EXCEPTION 'provider_receipt_id is longer than % bytes',
+            orch8.limit_of('provider_receipt_id_bytes')
+            USING ERRCODE = 'O8008',
+                  DETAIL = json_build_object(
+                      'field', 'provider_receipt_id',
+                      'limit', orch8.limit_of('provider_receipt_id_bytes'))::text;
     END IF;
     v_row := orch8.load_effect_receipt(p_tenant_id, p_id);
     IF v_row.id IS NULL THEN
@@ -711,19 +723,34 @@ BEGIN
     IF p_expected_state IS NOT NULL AND v_row.state <> p_expected_state THEN
         RAISE EXCEPTION 'receipt % is %, not % any more: reload before resolving',
             p_id, v_row.state, p_expected_state
-            USING ERRCODE = 'O8002', DETAIL = format('current state: %s', v_row.state);
+            USING ERRCODE = 'O8002',
+                  DETAIL = json_build_object('effect_id', p_id,
+                                             'current_state', v_row.state)::text;
     END IF;
-    IF p_state IS NULL OR v_row.state NOT IN ('unknown', 'committed', 'verified')
-       OR NOT orch8.can_transition_to(v_row.state, p_state) THEN
-        RAISE EXCEPTION 'receipt % cannot be resolved from % to %', p_id, v_row.state, p_state
+    IF p_state IS NULL OR NOT orch8.can_resolve_to(v_row.state, p_state) THEN
+        RAISE EXCEPTION 'receipt % cannot be resolved from % to %',
+            p_id, v_row.state, coalesce(p_state::text, 'NULL')
             USING ERRCODE = 'O8004',
-                  DETAIL = format('current state: %s', v_row.state),
-                  HINT = 'unknown -> verified|committed|compensated|abandoned; '
-                         'committed|verified -> compensated';
+                  DETAIL = json_build_object(
+                      'effect_id', p_id, 'current_state', v_row.state,
+                      'allowed_states', (SELECT coalesce(json_agg(r.to_state ORDER BY r.to_state),
+                                                         '[]')
+                                         FROM orch8.effect_resolutions AS r
+                                         WHERE r.from_state = v_row.state))::text,
+                  HINT = (SELECT string_agg(format('%s -> %s', r.from_state, r.to_state), '; '
+                                            ORDER BY r.from_state, r.to_state)
+                          FROM orch8.effect_resolutions AS r);
     END IF;
-    IF p_state IN ('abandoned', 'compensated') AND v_evidence = '{}' THEN
+    IF orch8.resolution_needs_evidence(p_state) AND v_evidence = '{}' THEN
         RAISE EXCEPTION 'resolving to % needs evidence (what you looked at)', p_state
-            USING ERRCODE = 'O8008';
+            USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'evidence')::text;
+    END IF;
+    IF octet_length(p_note) > orch8.limit_of('note_bytes') THEN
+        RAISE EXCEPTION 'note is % bytes, over the limit of % bytes',
+            octet_length(p_note), orch8.limit_of('note_bytes')
+            USING ERRCODE = 'O8008',
+                  DETAIL = json_build_object('field', 'note',
+                                             'limit', orch8.limit_of('note_bytes'))::text;
     END IF;
     IF NOT orch8.cas_effect_receipt(p_tenant_id, p_id, v_row.state, p_state,
         jsonb_strip_nulls(jsonb_build_object(
@@ -735,7 +762,11 @@ BEGIN
                 'evidence', v_evidence, 'at', orch8.now())))))
     THEN
         RAISE EXCEPTION 'receipt % changed while resolving: reload before resolving', p_id
-            USING ERRCODE = 'O8002';
+            USING ERRCODE = 'O8002',
+                  DETAIL = json_build_object(
+                      'effect_id', p_id,
+                      'current_state', (orch8.load_effect_receipt(p_tenant_id, p_id)).state
+                  )::text;
     END IF;
     RETURN orch8.load_effect_receipt(p_tenant_id, p_id);
 END
@@ -744,11 +775,13 @@ $$;
 COMMENT ON FUNCTION orch8.resolve_effect(
     text, uuid, orch8.effect_state, text, jsonb, text, text, orch8.effect_state
 ) IS
-'The operator path: unknown -> verified|committed|compensated|abandoned, and '
-'committed|verified -> compensated. abandoned and compensated need non-empty evidence. '
-'Sets provider_receipt_id when given, records the resolution on the receipt and an event '
-'row. Illegal move: O8004; not found: O8007; changed meanwhile (or not p_expected_state): '
-'O8002 "reload before resolving".';
+'The operator path: the moves of orch8.effect_resolutions (can_resolve_to): unknown -> '
+'verified|committed|compensated|abandoned, and committed|verified -> compensated; those '
+'that need evidence (abandoned, compensated) refuse an empty one. Sets '
+'provider_receipt_id when given, records the resolution on the receipt and an event row. '
+'Illegal move: O8004 with DETAIL {effect_id, current_state, allowed_states}; not found: '
+'O8007; changed meanwhile (or not p_expected_state): O8002 "reload before resolving" with '
+'DETAIL {effect_id, current_state}; a note over note_bytes: O8008.';
 
 -- security_invoker: the caller's row-level security applies through the view
 CREATE OR REPLACE VIEW orch8.unresolved_effects WITH (security_invoker = true) AS

@@ -19,11 +19,18 @@ DECLARE
     v_seq orch8.sequences;
     v_context jsonb;
     v_limit integer := coalesce(
-        nullif(current_setting('orch8.max_context_bytes', true), '')::integer, 262144);
+        nullif(current_setting('orch8.max_context_bytes', true), '')::integer,
+        orch8.limit_of('context_bytes'));
     v_row orch8.task_instances;
 BEGIN
-    IF p_idempotency_key IS NOT NULL AND octet_length(p_idempotency_key) NOT BETWEEN 1 AND 256 THEN
-        RAISE EXCEPTION 'idempotency key must be 1 to 256 bytes' USING ERRCODE = 'O8008';
+    IF octet_length(p_idempotency_key) NOT BETWEEN 1 AND orch8.limit_of('idempotency_key_bytes')
+    THEN
+        RAISE EXCEPTION 'idempotency key must be 1 to % bytes',
+            orch8.limit_of('idempotency_key_bytes')
+            USING ERRCODE = 'O8008',
+                  DETAIL = json_build_object(
+                      'field', 'idempotency_key',
+                      'limit', orch8.limit_of('idempotency_key_bytes'))::text;
     END IF;
     IF jsonb_typeof(coalesce(p_data, '{}')) <> 'object'
        OR jsonb_typeof(coalesce(p_config, '{}')) <> 'object' THEN
@@ -32,7 +39,8 @@ BEGIN
     SELECT * INTO v_seq FROM orch8.sequences AS s
      WHERE s.tenant_id = p_tenant_id AND s.id = p_sequence_id;
     IF NOT found THEN
-        RAISE EXCEPTION 'sequence % not found', p_sequence_id USING ERRCODE = 'O8007';
+        RAISE EXCEPTION 'sequence % not found', p_sequence_id
+            USING ERRCODE = 'O8007', DETAIL = json_build_object('sequence_id', p_sequence_id)::text;
     END IF;
     v_context := jsonb_build_object(
         'data', coalesce(p_data, '{}'), 'config', coalesce(p_config, '{}'), 'runtime', '{}'::jsonb);
@@ -40,6 +48,8 @@ BEGIN
         RAISE EXCEPTION 'instance context is % bytes, over the limit of % bytes',
             octet_length(v_context::text), v_limit
             USING ERRCODE = 'O8008',
+                  DETAIL = json_build_object('field', 'context', 'limit', v_limit,
+                                             'size', octet_length(v_context::text))::text,
                   HINT = 'store large payloads elsewhere and pass a reference '
                          '(the limit is the setting orch8.max_context_bytes)';
     END IF;
@@ -73,7 +83,8 @@ COMMENT ON FUNCTION orch8.create_instance(
 ) IS
 'Start an instance of a sequence version: context {data, config, runtime}, scheduled at '
 'next_fire_at (default now). A repeated idempotency_key returns the existing instance '
-'with deduplicated = true. Context over orch8.max_context_bytes (default 262144): O8008. '
+'with deduplicated = true. Context over orch8.max_context_bytes (default: the limit '
+'context_bytes, 262144): O8008. '
 'Notifies channel orch8_work so idle runners wake.';
 
 CREATE OR REPLACE FUNCTION orch8.reclaim_expired_leases(p_limit integer DEFAULT 100)
@@ -183,14 +194,16 @@ BEGIN
      WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id
      FOR UPDATE;
     IF v_row.id IS NULL THEN
-        RAISE EXCEPTION 'instance % not found', p_instance_id USING ERRCODE = 'O8007';
+        RAISE EXCEPTION 'instance % not found', p_instance_id
+            USING ERRCODE = 'O8007', DETAIL = json_build_object('instance_id', p_instance_id)::text;
     END IF;
     IF v_row.state <> 'running' OR v_row.lease_token IS DISTINCT FROM p_lease_token
        OR v_row.lease_expires_at < orch8.now() THEN
         RAISE EXCEPTION 'lease on instance % is no longer held by this caller', p_instance_id
             USING ERRCODE = 'O8001',
-                  DETAIL = format('state %s, lease owner %s', v_row.state,
-                                  coalesce(v_row.lease_owner, 'none'));
+                  DETAIL = json_build_object('instance_id', p_instance_id,
+                                             'current_state', v_row.state,
+                                             'lease_owner', v_row.lease_owner)::text;
     END IF;
     RETURN v_row;
 END
@@ -240,7 +253,9 @@ AS $$
 BEGIN
     IF NOT orch8.instance_can_transition(p_expected, p_next) THEN
         RAISE EXCEPTION 'instance % cannot move from % to %', p_instance_id, p_expected, p_next
-            USING ERRCODE = 'O8004';
+            USING ERRCODE = 'O8004',
+                  DETAIL = json_build_object('instance_id', p_instance_id,
+                                             'from_state', p_expected, 'to_state', p_next)::text;
     END IF;
     IF p_next = 'running' THEN
         -- running carries a lease, which only a claim issues
@@ -341,6 +356,35 @@ COMMENT ON FUNCTION orch8.compute_attempt(text, uuid, text) IS
 '__in_progress__ -> the same attempt (a crash resumes it, so the receipt check blocks it); '
 'anything else -> previous + 1.';
 
+CREATE OR REPLACE FUNCTION orch8.record_block_output(
+    p_tenant_id text,
+    p_instance_id uuid,
+    p_block_id text,
+    p_attempt integer,
+    p_sentinel text,
+    p_output jsonb,
+    p_retryable boolean,
+    p_effect_id uuid,
+    p_lease_token uuid
+)
+RETURNS void
+LANGUAGE sql
+AS $$
+    INSERT INTO orch8.block_outputs (
+        tenant_id, instance_id, block_id, attempt, sentinel, output, retryable, effect_id,
+        lease_token
+    ) VALUES (
+        p_tenant_id, p_instance_id, p_block_id, p_attempt, p_sentinel, p_output, p_retryable,
+        p_effect_id, p_lease_token
+    )
+$$;
+
+COMMENT ON FUNCTION orch8.record_block_output(
+    text, uuid, text, integer, text, jsonb, boolean, uuid, uuid
+) IS
+'The one INSERT into block_outputs (internal helper: callers check the lease first). '
+'lease_token is the claim that wrote the row, NULL for an operator''s retry.';
+
 CREATE OR REPLACE FUNCTION orch8.append_block_output(
     p_tenant_id text,
     p_instance_id uuid,
@@ -357,13 +401,9 @@ LANGUAGE plpgsql
 AS $$
 BEGIN
     PERFORM orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
-    INSERT INTO orch8.block_outputs (
-        tenant_id, instance_id, block_id, attempt, sentinel, output, retryable, effect_id,
-        lease_token
-    ) VALUES (
-        p_tenant_id, p_instance_id, p_block_id, p_attempt, p_sentinel, p_output, p_retryable,
-        p_effect_id, p_lease_token
-    );
+    PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_block_id, p_attempt,
+                                      p_sentinel, p_output, p_retryable, p_effect_id,
+                                      p_lease_token);
 END
 $$;
 
@@ -400,6 +440,39 @@ COMMENT ON FUNCTION orch8.instance_progress(text, uuid) IS
 'Per block of an instance: the latest row''s attempt and sentinel (what compute_attempt '
 'reads) and the latest real output, as {block_id: {attempt, sentinel, output}}.';
 
+CREATE OR REPLACE FUNCTION orch8.next_block_id(
+    p_tenant_id text, p_sequence_id uuid, p_block_id text
+)
+RETURNS text
+LANGUAGE sql
+STABLE
+AS $$
+    SELECT b.next_id
+    FROM orch8.sequences AS s,
+        LATERAL (
+            SELECT e.value ->> 'id' AS id,
+                   lead(e.value ->> 'id') OVER (ORDER BY e.ordinality) AS next_id
+            FROM jsonb_array_elements(s.definition -> 'blocks') WITH ORDINALITY AS e
+        ) AS b
+    WHERE s.tenant_id = p_tenant_id AND s.id = p_sequence_id AND b.id = p_block_id
+$$;
+
+COMMENT ON FUNCTION orch8.next_block_id(text, uuid, text) IS
+'The id of the top-level block after p_block_id in a sequence, or NULL at the end.';
+
+CREATE OR REPLACE FUNCTION orch8.first_block_id(p_tenant_id text, p_sequence_id uuid)
+RETURNS text
+LANGUAGE sql
+STABLE
+AS $$
+    SELECT s.definition -> 'blocks' -> 0 ->> 'id'
+    FROM orch8.sequences AS s
+    WHERE s.tenant_id = p_tenant_id AND s.id = p_sequence_id
+$$;
+
+COMMENT ON FUNCTION orch8.first_block_id(text, uuid) IS
+'The id of the first top-level block of a sequence, where a new instance starts.';
+
 CREATE OR REPLACE FUNCTION orch8.claim_work(
     p_worker_id text, p_batch integer, p_lease interval DEFAULT '30 seconds'
 )
@@ -410,6 +483,7 @@ RETURNS TABLE (
     sequence_version integer,
     context jsonb,
     current_block text,
+    current_attempt integer,
     parent_instance_id uuid,
     lease_token uuid,
     progress jsonb
@@ -417,11 +491,18 @@ RETURNS TABLE (
 LANGUAGE sql
 AS $$
     SELECT
-        c.tenant_id, c.id, c.sequence_id, c.sequence_version, c.context, c.current_block,
+        c.tenant_id, c.id, c.sequence_id, c.sequence_version, c.context, b.block_id,
+        orch8.compute_attempt(c.tenant_id, c.id, b.block_id),
         c.parent_instance_id, c.lease_token, orch8.instance_progress(c.tenant_id, c.id)
     FROM orch8.claim_due_instances(p_worker_id, p_batch, p_lease) AS c
+    CROSS JOIN LATERAL (
+        SELECT coalesce(c.current_block, orch8.first_block_id(c.tenant_id, c.sequence_id))
+            AS block_id
+    ) AS b
 $$;
 
 COMMENT ON FUNCTION orch8.claim_work(text, integer, interval) IS
-'The runner''s claim: claim_due_instances plus each instance''s progress, so a batch '
-'costs one round trip and the steps that follow need no further reads.';
+'The runner''s claim: claim_due_instances plus, per instance, the block to run (its '
+'current block, or the first one) with its attempt (compute_attempt) and the progress of '
+'every block, so a batch costs one round trip and the steps that follow need no further '
+'reads.';

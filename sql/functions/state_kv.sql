@@ -14,16 +14,24 @@ AS $$
 DECLARE
     v_value jsonb := coalesce(p_value, 'null'::jsonb);
     v_limit integer := coalesce(
-        nullif(current_setting('orch8.max_state_value_bytes', true), '')::integer, 262144);
+        nullif(current_setting('orch8.max_state_value_bytes', true), '')::integer,
+        orch8.limit_of('state_value_bytes'));
 BEGIN
     PERFORM orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
-    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 256 THEN
-        RAISE EXCEPTION 'a state key is a string of 1 to 256 bytes' USING ERRCODE = 'O8008';
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND orch8.limit_of('state_key_bytes')
+    THEN
+        RAISE EXCEPTION 'a state key is a string of 1 to % bytes',
+            orch8.limit_of('state_key_bytes')
+            USING ERRCODE = 'O8008',
+                  DETAIL = json_build_object('field', 'key',
+                                             'limit', orch8.limit_of('state_key_bytes'))::text;
     END IF;
     IF octet_length(v_value::text) > v_limit THEN
         RAISE EXCEPTION 'state value for key % is % bytes, over the limit of % bytes',
             p_key, octet_length(v_value::text), v_limit
             USING ERRCODE = 'O8008',
+                  DETAIL = json_build_object('field', 'value', 'limit', v_limit,
+                                             'size', octet_length(v_value::text))::text,
                   HINT = 'store large payloads elsewhere and keep a reference '
                          '(the limit is the setting orch8.max_state_value_bytes)';
     END IF;
@@ -36,8 +44,9 @@ $$;
 
 COMMENT ON FUNCTION orch8.set_instance_state(text, uuid, uuid, text, jsonb) IS
 'Upsert one key of an instance''s key-value state, for the lease holder: a stale token '
-'raises O8001 and nothing is written. A key is 1 to 256 bytes and a value at most '
-'orch8.max_state_value_bytes (default 262144), else O8008. SQL NULL is stored as JSON null.';
+'raises O8001 and nothing is written. A key is 1 to state_key_bytes (256) bytes and a '
+'value at most orch8.max_state_value_bytes (default: the limit state_value_bytes, 262144), '
+'else O8008. SQL NULL is stored as JSON null.';
 
 CREATE OR REPLACE FUNCTION orch8.get_instance_state(
     p_tenant_id text, p_instance_id uuid, p_key text

@@ -26,6 +26,34 @@ COMMENT ON FUNCTION orch8.apply_requested_state(text, uuid, orch8.instance_state
 'At a step boundary: move a running instance to the paused or cancelled state an operator '
 'requested meanwhile; returns the resulting state (p_current when nothing was requested).';
 
+CREATE OR REPLACE FUNCTION orch8.fail_step(
+    p_tenant_id text,
+    p_instance_id uuid,
+    p_lease_token uuid,
+    p_block_id text,
+    p_attempt integer,
+    p_effect_id uuid,
+    p_output jsonb,
+    p_reason text
+)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_block_id, p_attempt,
+                                      '__error__', p_output, false, p_effect_id, p_lease_token);
+    UPDATE orch8.task_instances AS t SET current_block = p_block_id
+    WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id;
+    PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running', 'failed',
+                                      'runner', p_reason);
+END
+$$;
+
+COMMENT ON FUNCTION orch8.fail_step(text, uuid, uuid, text, integer, uuid, jsonb, text) IS
+'A step failed for good (internal helper of begin_step and finish_step): append its '
+'__error__ row (retryable false), keep the instance on that block, and fail the instance '
+'with p_reason.';
+
 CREATE OR REPLACE FUNCTION orch8.begin_step(
     p_tenant_id text,
     p_instance_id uuid,
@@ -68,29 +96,16 @@ BEGIN
         RETURN v_out;  -- pure handler: nothing to record before it runs
     END IF;
     IF v_out.outcome = 'dispatched' THEN
-        INSERT INTO orch8.block_outputs (
-            tenant_id, instance_id, block_id, attempt, sentinel, effect_id, lease_token
-        ) VALUES (
-            p_tenant_id, p_instance_id, p_block_id, p_attempt, '__in_progress__',
-            v_out.effect_id, p_lease_token
-        );
+        PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_block_id, p_attempt,
+            '__in_progress__', NULL, NULL, v_out.effect_id, p_lease_token);
         RETURN v_out;
     END IF;
     -- blocked, stale or duplicate: never retried. The trace begin_effect wrote stays.
-    INSERT INTO orch8.block_outputs (
-        tenant_id, instance_id, block_id, attempt, sentinel, output, retryable, effect_id,
-        lease_token
-    ) VALUES (
-        p_tenant_id, p_instance_id, p_block_id, p_attempt, '__error__',
+    PERFORM orch8.fail_step(
+        p_tenant_id, p_instance_id, p_lease_token, p_block_id, p_attempt, v_out.effect_id,
         jsonb_build_object('outcome', v_out.outcome, 'effect_state', v_out.state,
                            'detail', v_out.detail, 'invariant_id', v_out.invariant_id,
                            'competing_effect_id', v_out.competing_effect_id),
-        false, v_out.effect_id, p_lease_token
-    );
-    UPDATE orch8.task_instances AS t SET current_block = p_block_id
-    WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id;
-    PERFORM orch8.transition_instance(
-        p_tenant_id, p_instance_id, 'running', 'failed', 'runner',
         format('%s: %s',
                CASE v_out.outcome WHEN 'duplicate' THEN 'InvariantViolation'
                                   ELSE 'EffectBlocked' END,
@@ -104,8 +119,9 @@ COMMENT ON FUNCTION orch8.begin_step(text, uuid, uuid, text, text, jsonb, intege
 'dispatched append the __in_progress__ sentinel with the effect id. On blocked, stale or '
 'duplicate, append __error__ (retryable false) and fail the instance in the same '
 'transaction; the outcome is returned (never raised) so those writes persist. A pure '
-'handler returns a NULL outcome and writes nothing. Repeating the call under the same '
-'lease after a lost answer returns the same dispatched outcome.';
+'handler returns a NULL outcome and writes nothing. An operator''s pending pause or '
+'cancel is applied first (outcome stopped, detail the new state). Repeating the call '
+'under the same lease after a lost answer returns the same dispatched outcome.';
 
 CREATE OR REPLACE FUNCTION orch8.finish_step(
     p_tenant_id text,
@@ -117,18 +133,21 @@ CREATE OR REPLACE FUNCTION orch8.finish_step(
     p_result text,
     p_output jsonb,
     p_error text DEFAULT NULL,
-    p_retry_in interval DEFAULT NULL,
-    p_next_block text DEFAULT NULL
+    p_retry_in interval DEFAULT NULL
 )
-RETURNS orch8.instance_state
+RETURNS TABLE (state orch8.instance_state, next_block text, next_attempt integer)
 LANGUAGE plpgsql
 AS $$
 DECLARE
+    v_inst orch8.task_instances;
     v_settled orch8.effect_outcome;
+    v_next text;
+    v_state orch8.instance_state;
 BEGIN
     IF p_result IS NULL OR p_result NOT IN ('ok', 'error', 'not_applied') THEN
         RAISE EXCEPTION 'finish_step result must be ok, error or not_applied, got %',
-            coalesce(p_result, 'NULL') USING ERRCODE = 'O8008';
+            coalesce(p_result, 'NULL')
+            USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'result')::text;
     END IF;
     -- Already finished by this very claim (the answer was lost with the connection)?
     IF EXISTS (
@@ -138,10 +157,15 @@ BEGIN
            AND o.lease_token = p_lease_token
            AND o.sentinel IS DISTINCT FROM '__in_progress__'
     ) THEN
-        RETURN (SELECT t.state FROM orch8.task_instances AS t
-                 WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id);
+        SELECT t.state, t.current_block INTO v_state, v_next FROM orch8.task_instances AS t
+         WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id;
+        RETURN QUERY SELECT v_state,
+            CASE WHEN v_state = 'running' THEN v_next END,
+            CASE WHEN v_state = 'running'
+                 THEN orch8.compute_attempt(p_tenant_id, p_instance_id, v_next) END;
+        RETURN;
     END IF;
-    PERFORM orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
+    v_inst := orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
 
     IF p_effect_id IS NOT NULL THEN
         v_settled := CASE p_result
@@ -154,79 +178,64 @@ BEGIN
         END;
         IF v_settled.outcome = 'stale' THEN
             -- someone moved our receipt (an operator, a runner that took over): stop.
-            INSERT INTO orch8.block_outputs (
-                tenant_id, instance_id, block_id, attempt, sentinel, output, retryable,
-                effect_id, lease_token
-            ) VALUES (
-                p_tenant_id, p_instance_id, p_block_id, p_attempt, '__error__',
+            PERFORM orch8.fail_step(
+                p_tenant_id, p_instance_id, p_lease_token, p_block_id, p_attempt, p_effect_id,
                 jsonb_build_object('outcome', 'stale', 'effect_state', v_settled.state,
                                    'detail', v_settled.detail),
-                false, p_effect_id, p_lease_token
-            );
-            UPDATE orch8.task_instances AS t SET current_block = p_block_id
-            WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id;
-            PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running', 'failed',
-                'runner', format('EffectBlocked: %s', v_settled.detail));
-            RETURN 'failed';
+                format('EffectBlocked: %s', v_settled.detail));
+            RETURN QUERY SELECT 'failed'::orch8.instance_state, NULL::text, NULL::integer;
+            RETURN;
         END IF;
     END IF;
 
     IF p_result = 'ok' THEN
-        INSERT INTO orch8.block_outputs (
-            tenant_id, instance_id, block_id, attempt, output, effect_id, lease_token
-        ) VALUES (
-            p_tenant_id, p_instance_id, p_block_id, p_attempt, coalesce(p_output, 'null'),
-            p_effect_id, p_lease_token
-        );
-        IF p_next_block IS NULL THEN
+        PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_block_id, p_attempt,
+            NULL, coalesce(p_output, 'null'), NULL, p_effect_id, p_lease_token);
+        v_next := orch8.next_block_id(p_tenant_id, v_inst.sequence_id, p_block_id);
+        IF v_next IS NULL THEN
             PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running',
                                               'completed', 'runner');
-            RETURN 'completed';
+            RETURN QUERY SELECT 'completed'::orch8.instance_state, NULL::text, NULL::integer;
+            RETURN;
         END IF;
         UPDATE orch8.task_instances AS t
-        SET current_block = p_next_block, updated_at = orch8.now()
+        SET current_block = v_next, updated_at = orch8.now()
         WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id;
-        RETURN orch8.apply_requested_state(p_tenant_id, p_instance_id, 'running');
+        v_state := orch8.apply_requested_state(p_tenant_id, p_instance_id, 'running');
+        RETURN QUERY SELECT v_state,
+            CASE WHEN v_state = 'running' THEN v_next END,
+            CASE WHEN v_state = 'running'
+                 THEN orch8.compute_attempt(p_tenant_id, p_instance_id, v_next) END;
+        RETURN;
     END IF;
 
-    IF p_retry_in IS NOT NULL THEN
-        INSERT INTO orch8.block_outputs (
-            tenant_id, instance_id, block_id, attempt, sentinel, output, retryable, effect_id,
-            lease_token
-        ) VALUES (
-            p_tenant_id, p_instance_id, p_block_id, p_attempt, '__retry__',
-            jsonb_build_object('error', p_error), true, p_effect_id, p_lease_token
-        );
-        IF orch8.apply_requested_state(p_tenant_id, p_instance_id, 'running') <> 'running' THEN
-            RETURN (SELECT t.state FROM orch8.task_instances AS t
-                    WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id);
-        END IF;
+    IF p_retry_in IS NULL THEN
+        PERFORM orch8.fail_step(p_tenant_id, p_instance_id, p_lease_token, p_block_id,
+            p_attempt, p_effect_id, jsonb_build_object('error', p_error), p_error);
+        RETURN QUERY SELECT 'failed'::orch8.instance_state, NULL::text, NULL::integer;
+        RETURN;
+    END IF;
+    PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_block_id, p_attempt,
+        '__retry__', jsonb_build_object('error', p_error), true, p_effect_id, p_lease_token);
+    v_state := orch8.apply_requested_state(p_tenant_id, p_instance_id, 'running');
+    IF v_state = 'running' THEN
         PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running', 'scheduled',
                                           'runner', p_error, orch8.now() + p_retry_in);
-        RETURN 'scheduled';
+        v_state := 'scheduled';
     END IF;
-    INSERT INTO orch8.block_outputs (
-        tenant_id, instance_id, block_id, attempt, sentinel, output, retryable, effect_id,
-        lease_token
-    ) VALUES (
-        p_tenant_id, p_instance_id, p_block_id, p_attempt, '__error__',
-        jsonb_build_object('error', p_error), false, p_effect_id, p_lease_token
-    );
-    UPDATE orch8.task_instances AS t SET current_block = p_block_id
-    WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id;
-    PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running', 'failed',
-                                      'runner', p_error);
-    RETURN 'failed';
+    RETURN QUERY SELECT v_state, NULL::text, NULL::integer;
 END
 $$;
 
 COMMENT ON FUNCTION orch8.finish_step(
-    text, uuid, uuid, text, integer, uuid, text, jsonb, text, interval, text
+    text, uuid, uuid, text, integer, uuid, text, jsonb, text, interval
 ) IS
 'After a handler returns, in one transaction, fenced by the lease (O8001): settle the '
 'receipt (ok: commit_effect; error: mark_effect_unknown; not_applied: '
 'abandon_effect_not_applied) and record the step: ok -> output row, then the next block '
-'(instance stays running) or completed; error with p_retry_in -> __retry__ and scheduled '
-'p_retry_in from now; error without -> __error__ and failed. A receipt moved by someone else '
-'fails the instance (EffectBlocked). Returns the instance state. Repeating the call under '
-'the same lease after a lost answer changes nothing and returns the current state.';
+'of the sequence (next_block_id; the instance stays running, or takes a pause or cancel '
+'requested meanwhile) or completed; error with p_retry_in -> __retry__ and scheduled '
+'p_retry_in from now; error without -> __error__ and failed. A receipt moved by someone '
+'else fails the instance (EffectBlocked). Returns the instance state and, while it is '
+'running, the block to run next with its attempt (compute_attempt). Repeating the call '
+'under the same lease after a lost answer changes nothing and returns the same.';

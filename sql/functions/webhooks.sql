@@ -11,13 +11,12 @@ CREATE OR REPLACE FUNCTION orch8.create_webhook_subscription(
     p_tenant_id text,
     p_url text,
     p_secret text,
-    p_events text[] DEFAULT ARRAY['instance.completed', 'instance.failed']
+    p_events text[] DEFAULT orch8.webhook_events()
 )
 RETURNS uuid
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_known constant text[] := ARRAY['instance.completed', 'instance.failed'];
     v_events text[];
     v_unknown text[];
     v_id uuid;
@@ -25,10 +24,11 @@ BEGIN
     IF p_tenant_id IS NULL OR p_tenant_id = '' THEN
         RAISE EXCEPTION 'a webhook subscription needs a tenant' USING ERRCODE = 'O8008';
     END IF;
-    IF p_url IS NULL OR p_url !~* '^https?://[^/?#[:space:]]+[^[:space:]]*$' THEN
-        RAISE EXCEPTION 'webhook url must be an http:// or https:// URL with a host, not %',
+    IF NOT orch8.fits_domain(p_url, 'orch8.webhook_url') THEN
+        RAISE EXCEPTION 'webhook url must be %, not %',
+            obj_description('orch8.webhook_url'::regtype, 'pg_type'),
             coalesce(quote_literal(p_url), 'NULL')
-            USING ERRCODE = 'O8008';
+            USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'url')::text;
     END IF;
     IF p_secret IS NULL OR p_secret = '' THEN
         RAISE EXCEPTION 'a webhook subscription needs a non-empty signing secret'
@@ -39,15 +39,17 @@ BEGIN
     IF v_events IS NULL THEN
         RAISE EXCEPTION 'a webhook subscription needs at least one event'
             USING ERRCODE = 'O8008',
-                  HINT = 'events: instance.completed, instance.failed';
+                  DETAIL = json_build_object('field', 'events',
+                                             'allowed', orch8.webhook_events())::text;
     END IF;
     SELECT array_agg(e ORDER BY e) INTO v_unknown
       FROM unnest(v_events) AS u (e)
-     WHERE e IS NULL OR NOT e = ANY (v_known);
+     WHERE e IS NULL OR NOT e = ANY (orch8.webhook_events());
     IF v_unknown IS NOT NULL THEN
         RAISE EXCEPTION 'unknown webhook event(s): %', array_to_string(v_unknown, ', ', 'NULL')
             USING ERRCODE = 'O8008',
-                  HINT = 'events: instance.completed, instance.failed';
+                  DETAIL = json_build_object('field', 'events',
+                                             'allowed', orch8.webhook_events())::text;
     END IF;
     INSERT INTO orch8.webhook_subscriptions (tenant_id, url, secret, events)
     VALUES (p_tenant_id, p_url, p_secret, v_events)
@@ -58,8 +60,9 @@ $$;
 
 COMMENT ON FUNCTION orch8.create_webhook_subscription(text, text, text, text[]) IS
 'Subscribe an http(s) URL to events of one tenant (instance.completed, instance.failed; '
-'both by default), signed with secret. Returns the subscription id. A URL that is not '
-'http(s) with a host, an unknown or missing event, or an empty secret: O8008.';
+'both by default), signed with secret. Returns the subscription id. A URL that is not an '
+'orch8.webhook_url (http(s) with a host, no spaces), an unknown or missing event, or an '
+'empty secret: O8008.';
 
 CREATE OR REPLACE FUNCTION orch8.claim_webhook_deliveries(
     p_worker text, p_batch integer, p_lease interval DEFAULT '30 seconds'
@@ -182,7 +185,7 @@ BEGIN
     SET state = v_state,
         attempts = v_attempts,
         last_status = p_status,
-        last_error = CASE WHEN p_ok THEN NULL ELSE left(p_error, 2000) END,
+        last_error = CASE WHEN p_ok THEN NULL ELSE left(p_error, orch8.limit_of('error_chars')::integer) END,
         claimed_by = NULL,
         claim_expires_at = NULL,
         delivered_at = CASE WHEN p_ok THEN orch8.now() END,
@@ -222,7 +225,8 @@ BEGIN
     IF v_state NOT IN ('parked', 'discarded', 'delivered') THEN
         RAISE EXCEPTION 'webhook delivery % cannot be redelivered from %', p_id, v_state
             USING ERRCODE = 'O8004',
-                  DETAIL = 'only parked, discarded and delivered deliveries are redelivered';
+                  DETAIL = json_build_object('current_state', v_state)::text,
+                  HINT = 'only parked, discarded and delivered deliveries are redelivered';
     END IF;
     UPDATE orch8.webhook_outbox AS o
     SET state = 'pending', attempts = 0, next_attempt_at = orch8.now(), delivered_at = NULL
@@ -253,7 +257,8 @@ BEGIN
     IF v_state NOT IN ('pending', 'parked') THEN
         RAISE EXCEPTION 'webhook delivery % cannot be discarded from %', p_id, v_state
             USING ERRCODE = 'O8004',
-                  DETAIL = 'only pending and parked deliveries are discarded';
+                  DETAIL = json_build_object('current_state', v_state)::text,
+                  HINT = 'only pending and parked deliveries are discarded';
     END IF;
     UPDATE orch8.webhook_outbox AS o
     SET state = 'discarded'
@@ -304,7 +309,7 @@ BEGIN
         END IF;
     END IF;
     RETURN QUERY
-    SELECT s.id, s.url, s.events, s.enabled, s.created_at, v_was IS DISTINCT FROM p_enabled
+    SELECT s.id, s.url::text, s.events, s.enabled, s.created_at, v_was IS DISTINCT FROM p_enabled
     FROM orch8.webhook_subscriptions AS s
     WHERE s.tenant_id = p_tenant_id AND s.id = p_id;
 END
