@@ -21,9 +21,8 @@ import time
 import uuid
 
 import psycopg
-from psycopg.types.json import Jsonb
 
-from orch8_py import migrate
+from orch8_py import migrate, sqlapi
 from orch8_py.handlers import handler
 from orch8_py.runner import Runner, Settings
 from tests import pgserver
@@ -53,22 +52,21 @@ def percentile(values: list[float], q: float) -> float:
 def run_scenario(admin_url: str, name: str, steps: list[dict], n: int, concurrency: int) -> dict:
     dbname = f"orch8_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(admin_url, autocommit=True) as c:
-        c.execute(f'CREATE DATABASE "{dbname}"')
+        sqlapi.server.ensure_database(c, dbname)
     url = pgserver.with_dbname(admin_url, dbname)
     try:
         with psycopg.connect(url, autocommit=True) as conn:
             migrate.migrate(conn)
             blocks = [{"type": "step", "id": f"s{i}", **s} for i, s in enumerate(steps)]
-            seq = conn.execute(
-                "SELECT id FROM orch8.create_sequence(%s, 'default', 'bench', %s)",
-                (TENANT, Jsonb({"blocks": blocks})),
-            ).fetchone()[0]
+            seq = sqlapi.sequences.create_sequence(
+                conn,
+                tenant_id=TENANT,
+                namespace="default",
+                name="bench",
+                definition={"blocks": blocks},
+            )["id"]
             print(f"  {name}: creating {n} instances ...", flush=True)
-            conn.execute(
-                "SELECT count(*) FROM generate_series(1, %s) AS g,"
-                " LATERAL orch8.create_instance(%s, %s, jsonb_build_object('n', g)) AS ci",
-                (n, TENANT, seq),
-            )
+            sqlapi.instances.create_instances(conn, tenant_id=TENANT, sequence_id=seq, count=n)
             runner = Runner(url, Settings(concurrency=concurrency, poll_interval=0.05))
             stop = threading.Event()
             t0 = time.perf_counter()
@@ -77,12 +75,8 @@ def run_scenario(admin_url: str, name: str, steps: list[dict], n: int, concurren
             done = 0
             while done < n:
                 time.sleep(0.25)
-                done = conn.execute(
-                    "SELECT count(*) FROM orch8.task_instances WHERE state = 'completed'"
-                ).fetchone()[0]
-                failed = conn.execute(
-                    "SELECT count(*) FROM orch8.task_instances WHERE state = 'failed'"
-                ).fetchone()[0]
+                counts = sqlapi.observe.completion_counts(conn)
+                done, failed = counts["completed"], counts["failed"]
                 if failed:
                     raise SystemExit(f"{failed} instance(s) failed in scenario {name}")
                 print(f"\r  {name}: {done}/{n} completed", end="", flush=True)
@@ -90,14 +84,7 @@ def run_scenario(admin_url: str, name: str, steps: list[dict], n: int, concurren
             stop.set()
             thread.join(timeout=30)
             print(flush=True)
-            latencies = [
-                r[0]
-                for r in conn.execute(
-                    "SELECT extract(epoch FROM max(at) FILTER (WHERE to_state = 'completed')"
-                    " - min(at) FILTER (WHERE to_state = 'running'))"
-                    " FROM orch8.instance_transitions GROUP BY instance_id"
-                )
-            ]
+            latencies = sqlapi.observe.run_latencies(conn)
             total_steps = n * len(steps)
             return {
                 "scenario": name,
@@ -111,8 +98,7 @@ def run_scenario(admin_url: str, name: str, steps: list[dict], n: int, concurren
                 "round_trips_per_step": runner.round_trips / total_steps,
             }
     finally:
-        with psycopg.connect(admin_url, autocommit=True) as c:
-            c.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        pgserver.drop(admin_url, dbname)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench: set ORCH8_DATABASE_URL to the server to benchmark", file=sys.stderr)
         return 2
     with psycopg.connect(url) as c:
-        version = c.execute("SHOW server_version").fetchone()[0]
+        version = sqlapi.server.server_version(c)
     print(
         f"machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
         f"Python {platform.python_version()}, PostgreSQL {version}"

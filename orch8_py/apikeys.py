@@ -10,11 +10,8 @@ import hashlib
 import secrets
 import uuid
 
-import psycopg
-
-from .db import engine_errors
-
-ROLES = ("operator", "worker", "auditor", "admin")
+from . import sqlapi
+from .sqlapi.base import Conn
 
 
 def generate() -> tuple[str, str]:
@@ -27,28 +24,15 @@ def key_hash(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
 
 
-def create(conn: psycopg.Connection, tenant_id: str, role: str, name: str) -> tuple[uuid.UUID, str]:
+def create(conn: Conn, tenant_id: str, role: str, name: str) -> tuple[uuid.UUID, str]:
     """Create a key; returns (key id, secret). The secret is not stored: show it once."""
     secret, prefix = generate()
-    with engine_errors():
-        key_id = conn.execute(
-            "SELECT orch8.create_api_key(%s, %s, %s, %s, %s)",
-            (tenant_id, name, role, prefix, key_hash(secret)),
-        ).fetchone()[0]
-    return key_id, secret
-
-
-def list_keys(conn: psycopg.Connection, tenant_id: str | None = None) -> list[dict]:
-    rows = conn.execute(
-        "SELECT id, tenant_id, name, role, key_prefix, created_at, last_used_at, revoked_at"
-        " FROM orch8.api_keys WHERE %s::text IS NULL OR tenant_id = %s"
-        " ORDER BY tenant_id, created_at",
-        (tenant_id, tenant_id),
+    key_id = sqlapi.keys.create_api_key(
+        conn,
+        tenant_id=tenant_id,
+        name=name,
+        role=role,
+        key_prefix=prefix,
+        key_hash=key_hash(secret),
     )
-    cols = [c.name for c in rows.description]
-    return [dict(zip(cols, r, strict=True)) for r in rows.fetchall()]
-
-
-def revoke(conn: psycopg.Connection, tenant_id: str, key_id: uuid.UUID) -> bool:
-    row = conn.execute("SELECT orch8.revoke_api_key(%s, %s)", (tenant_id, key_id)).fetchone()
-    return bool(row and row[0])
+    return key_id, secret

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from .errors import ConfigError
 
@@ -29,13 +31,16 @@ class Settings:
         return self.database_url is None
 
 
+N = TypeVar("N", int, float)
+
+
 def default_data_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_data_dir("orch8", appauthor=False))
 
 
-def _number(name: str, default: float, cast=float):
+def _number(name: str, default: N, cast: Callable[[str], N]) -> N:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -59,11 +64,11 @@ def load() -> Settings:
         data_dir=Path(data_dir).expanduser() if data_dir else default_data_dir(),
         host=os.environ.get("ORCH8_HOST") or DEFAULT_HOST,
         port=port,
-        tick_interval=_number("ORCH8_TICK_INTERVAL", 0.1),
+        tick_interval=_number("ORCH8_TICK_INTERVAL", 0.1, float),
         concurrency=_number("ORCH8_CONCURRENCY", 8, int),
-        lease=_number("ORCH8_LEASE_SECONDS", 30.0),
-        heartbeat=_number("ORCH8_HEARTBEAT_SECONDS", 10.0),
-        grace=_number("ORCH8_GRACE_SECONDS", 30.0),
+        lease=_number("ORCH8_LEASE_SECONDS", 30.0, float),
+        heartbeat=_number("ORCH8_HEARTBEAT_SECONDS", 10.0, float),
+        grace=_number("ORCH8_GRACE_SECONDS", 30.0, float),
     )
     if settings.heartbeat >= settings.lease:
         raise ConfigError(

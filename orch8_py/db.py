@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 from psycopg import conninfo
 
-from . import errors
 from .errors import ConfigError, DatabaseUnavailable
 
 CONNECT_TIMEOUT = 5
 
 
-def validate_url(url: str, source: str = "ORCH8_DATABASE_URL") -> dict:
+def validate_url(url: str, source: str = "ORCH8_DATABASE_URL") -> dict[str, Any]:
     """Parse a libpq URL or key=value string; raise ConfigError in one line if malformed."""
     if "://" in url and not url.startswith(("postgresql://", "postgres://")):
         scheme = url.split("://", 1)[0]
@@ -42,13 +40,13 @@ def describe(url: str) -> str:
         parts = conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError:
         return "<invalid url>"
-    host = parts.get("host") or "localhost"
-    port = parts.get("port") or "5432"
+    host = str(parts.get("host") or "localhost")
+    port = str(parts.get("port") or "5432")
     where = host if host.startswith("/") else f"{host}:{port}"
     return f"{where}/{parts.get('dbname') or parts.get('user') or ''}"
 
 
-def connect(url: str, **kwargs) -> psycopg.Connection:
+def connect(url: str, **kwargs: Any) -> psycopg.Connection[Any]:
     """Open a connection, turning 'cannot reach the server' into one actionable line."""
     validate_url(url)
     kwargs.setdefault("connect_timeout", CONNECT_TIMEOUT)
@@ -61,15 +59,3 @@ def connect(url: str, **kwargs) -> psycopg.Connection:
             f"cannot connect to PostgreSQL at {describe(url)} ({reason}); "
             "check that the server is running and ORCH8_DATABASE_URL is right"
         ) from None
-
-
-@contextlib.contextmanager
-def engine_errors() -> Iterator[None]:
-    """Re-raise psycopg errors with an engine SQLSTATE as the matching Orch8Error."""
-    try:
-        yield
-    except psycopg.Error as exc:
-        translated = errors.translate(exc)
-        if translated is exc:
-            raise
-        raise translated from exc

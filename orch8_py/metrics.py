@@ -39,7 +39,7 @@ log = logging.getLogger("orch8.metrics")
 
 # No *_created series: they double the series count and no alert here needs them.
 # (A process-wide prometheus_client switch; orch8 is its only user in its processes.)
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it bare
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 

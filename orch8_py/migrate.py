@@ -119,7 +119,8 @@ def status(conn: psycopg.Connection, migrations: list[Migration] | None = None) 
     migrations = migrations if migrations is not None else discover()
     applied = _applied(conn)
     known_names = {("versioned", m.name) for m in migrations if m.kind == "versioned"}
-    pending, edited = [], []
+    pending: list[Migration] = []
+    edited: list[Migration] = []
     for m in migrations:
         record = applied.get((m.kind, m.name))
         if record is None:

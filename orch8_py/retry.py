@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -17,7 +18,7 @@ class RetryPolicy:
     non_retryable_codes: tuple[str, ...] = ()
 
     @classmethod
-    def from_block(cls, block: dict) -> RetryPolicy:
+    def from_block(cls, block: dict[str, Any]) -> RetryPolicy:
         """From a step's ``retry`` object (fields as in the sequence document)."""
         r = block.get("retry") or {}
         return cls(

@@ -15,6 +15,7 @@ NOTIFY orch8_work (polling every ``poll_interval`` stays as the fallback).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import datetime as dt
 import logging
 import os
 import signal
@@ -24,18 +25,19 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
-from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from . import handlers as registry
-from . import metrics
+from . import metrics, sqlapi
 from .errors import StaleLease
-from .handlers import NotApplied, StepContext, StepError
+from .instance_state import SqlInstanceState
 from .retry import RetryPolicy
+from .sqlapi.base import Conn
+from .sqlapi.steps import Claimed, Finished
+from .steps import Handler, NotApplied, StepContext, StepError
 from .templates import TemplateError, render
 
 log = logging.getLogger("orch8.runner")
@@ -43,6 +45,7 @@ log = logging.getLogger("orch8.runner")
 MAX_BACKOFF = 5.0
 DEFAULT_STEP_TIMEOUT = 300.0
 CONNECTION_ERRORS = (psycopg.OperationalError, PoolTimeout)
+T = TypeVar("T")
 
 
 @dataclass
@@ -62,12 +65,16 @@ class LeaseLost(Exception):
     """Internal: the instance is no longer ours; stop working on it."""
 
 
-def attempt_for(progress: dict, block_id: str) -> int:
-    """compute_attempt, from the progress the claim returned."""
-    last = progress.get(block_id)
-    if last is None:
-        return 0
-    return last["attempt"] if last["sentinel"] == "__in_progress__" else last["attempt"] + 1
+@dataclass(frozen=True)
+class Invocation:
+    """What a handler call came to: the result finish_step records, and for the retry
+    policy whether (and by which code) it may be retried."""
+
+    result: str  # ok | error | not_applied
+    output: Any
+    error: str | None = None
+    code: str | None = None
+    retryable: bool = True
 
 
 class Runner:
@@ -75,7 +82,7 @@ class Runner:
         self.url = url
         self.settings = settings or Settings(**overrides)
         s = self.settings
-        self.pool = ConnectionPool(
+        self.pool: ConnectionPool[Conn] = ConnectionPool(
             url,
             min_size=1,
             max_size=s.concurrency + 2,
@@ -87,11 +94,10 @@ class Runner:
         self.wake = threading.Event()
         self.draining = threading.Event()
         self.stranded = 0  # steps still running when the grace period ended
-        self.inflight: dict[uuid.UUID, dict] = {}  # lease token -> claimed row
+        self.inflight: dict[uuid.UUID, Claimed] = {}  # lease token -> claimed instance
         self.lock = threading.Lock()
-        self.definitions: dict[tuple[str, uuid.UUID], dict] = {}
-        self.pure_handlers: set[str] | None = None
-        self.builtin_names: set[str] = set()  # every name in orch8.builtin_handlers
+        self.definitions: dict[tuple[str, uuid.UUID], dict[str, Any]] = {}
+        self.builtins: dict[str, bool] | None = None  # builtin name -> has side effects
         # Twice the instance threads: a handler that overran its timeout keeps its thread
         # (Python cannot kill one), and the spare threads keep steps flowing meanwhile.
         self.handler_threads = s.concurrency * 2
@@ -104,62 +110,57 @@ class Runner:
 
     # --- database calls -------------------------------------------------------------
 
-    def _call(self, sql: str, args: tuple, *, fetch: str = "one") -> Any:
-        with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+    def _call(self, fn: Callable[[Conn], T]) -> T:
+        with self.pool.connection() as conn:
             with self.lock:
                 self.round_trips += 1
-            cur.execute(sql, args)
-            return cur.fetchone() if fetch == "one" else cur.fetchall()
+            return fn(conn)
 
-    def _call_until_done(self, sql: str, args: tuple, stop_at: float | None = None) -> Any:
+    def _call_until_done(self, fn: Callable[[Conn], T], stop_at: float | None = None) -> T:
         """Repeat a call across connection loss. begin_step and finish_step are safe to
         repeat under the same lease; a lost lease surfaces as LeaseLost."""
         backoff = 0.1
         while True:
             try:
-                return self._call(sql, args)
+                return self._call(fn)
             except PoolClosed:
                 # The runner stopped while this step outlived the grace period: its lease
                 # runs out and the next runner settles the receipt. Retrying would never end.
                 raise LeaseLost("the runner stopped before the step finished") from None
-            except psycopg.Error as exc:
-                if getattr(exc, "sqlstate", None) == StaleLease.sqlstate:
-                    raise LeaseLost(str(exc)) from None
-                if not isinstance(exc, psycopg.OperationalError):
-                    raise
-                reason = exc
-            except PoolTimeout as exc:
-                reason = exc
+            except StaleLease as exc:
+                raise LeaseLost(str(exc)) from None
+            except CONNECTION_ERRORS as exc:
+                reason: Exception = exc
             if stop_at is not None and time.monotonic() > stop_at:
                 raise LeaseLost(f"gave up after connection loss: {reason}")
             log.warning("event=runner.db_retry error=%r retry_in=%.1fs", str(reason)[:200], backoff)
             time.sleep(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF)
 
-    def _load_pure_handlers(self) -> set[str]:
-        if self.pure_handlers is None:
-            rows = self._call(
-                "SELECT name, has_side_effects FROM orch8.builtin_handlers", (), fetch="all"
-            )
-            self.builtin_names = {r["name"] for r in rows}
-            self.pure_handlers = {r["name"] for r in rows if not r["has_side_effects"]}
-        return self.pure_handlers
+    def _builtins(self) -> dict[str, bool]:
+        if self.builtins is None:
+            self.builtins = self._call(sqlapi.steps.builtin_handlers)
+        return self.builtins
 
-    def definition(self, tenant: str, sequence_id: uuid.UUID) -> dict:
+    def has_side_effects(self, handler: str) -> bool:
+        """orch8.handler_has_side_effects: a side-effecting builtin, or any other name."""
+        return self._builtins().get(handler, True)
+
+    def definition(self, tenant: str, sequence_id: uuid.UUID) -> dict[str, Any]:
         key = (tenant, sequence_id)
         if key not in self.definitions:  # sequences are immutable: cache forever
-            row = self._call_until_done(
-                "SELECT definition FROM orch8.sequences WHERE tenant_id = %s AND id = %s",
-                (tenant, sequence_id),
+            self.definitions[key] = self._call_until_done(
+                lambda c: sqlapi.steps.sequence_definition(
+                    c, tenant_id=tenant, sequence_id=sequence_id
+                )
             )
-            self.definitions[key] = row["definition"]
         return self.definitions[key]
 
-    def claim(self, n: int) -> list[dict]:
+    def claim(self, n: int) -> list[Claimed]:
         return self._call(
-            "SELECT * FROM orch8.claim_work(%s, %s, make_interval(secs => %s))",
-            (self.settings.worker_id, n, self.settings.lease),
-            fetch="all",
+            lambda c: sqlapi.steps.claim_work(
+                c, worker_id=self.settings.worker_id, batch=n, lease_seconds=self.settings.lease
+            )
         )
 
     # --- the loops ------------------------------------------------------------------
@@ -189,7 +190,7 @@ class Runner:
         for t in helpers:
             t.start()
         workers = cf.ThreadPoolExecutor(s.concurrency, thread_name_prefix="instance")
-        futures: set[cf.Future] = set()
+        futures: set[cf.Future[None]] = set()
         backoff = 0.1
         while not stop.is_set():
             self.ticks += 1
@@ -199,11 +200,10 @@ class Runner:
             # busy runner claims many instances per round trip instead of one at a time.
             outstanding = len(futures)
             free = 2 * s.concurrency - outstanding if outstanding <= s.concurrency else 0
-            claimed: list[dict] = []
+            claimed: list[Claimed] = []
             if free > 0:
                 try:
-                    if self.pure_handlers is None:
-                        self._load_pure_handlers()
+                    self._builtins()
                     claimed = self.claim(free)
                     metrics.claimed(len(claimed))
                     backoff = 0.1
@@ -216,7 +216,7 @@ class Runner:
                     continue
             for row in claimed:
                 with self.lock:
-                    self.inflight[row["lease_token"]] = row
+                    self.inflight[row.lease_token] = row
                 future = workers.submit(self._run_instance, row)
                 future.add_done_callback(lambda _f: self.wake.set())  # a slot is free
                 futures.add(future)
@@ -234,7 +234,7 @@ class Runner:
         self.pool.close()
         log.info("event=runner.stop ticks=%d steps=%d", self.ticks, self.steps_run)
 
-    def _drain(self, workers: cf.ThreadPoolExecutor, futures: set[cf.Future]) -> None:
+    def _drain(self, workers: cf.ThreadPoolExecutor, futures: set[cf.Future[None]]) -> None:
         """Finish in-flight steps within the grace period; instances between steps hand
         their lease back (``_run_instance`` checks ``draining``)."""
         self.draining.set()
@@ -254,7 +254,7 @@ class Runner:
         while not stop.is_set():
             try:
                 with psycopg.connect(self.url, autocommit=True, connect_timeout=5) as conn:
-                    conn.execute("LISTEN orch8_work")
+                    sqlapi.steps.listen_for_work(conn)
                     backoff = 0.1
                     while not stop.is_set():
                         for _ in conn.notifies(timeout=0.5, stop_after=1):
@@ -270,16 +270,17 @@ class Runner:
                 tokens = list(self.inflight)
             if not tokens:
                 continue
-            try:
-                rows = self._call(
-                    "SELECT orch8.heartbeat_leases(%s, make_interval(secs => %s)) AS token",
-                    (tokens, self.settings.lease),
-                    fetch="all",
+
+            def extend(c: Conn, tokens: list[uuid.UUID] = tokens) -> set[uuid.UUID]:
+                return sqlapi.steps.heartbeat_leases(
+                    c, lease_tokens=tokens, lease_seconds=self.settings.lease
                 )
+
+            try:
+                held = self._call(extend)
             except CONNECTION_ERRORS as exc:
                 log.warning("event=runner.heartbeat_failed error=%r", str(exc)[:200])
                 continue
-            held = {r["token"] for r in rows}
             with self.lock:
                 # an instance that completed or was handed back meanwhile is not lost
                 lost = [t for t in tokens if t not in held and t in self.inflight]
@@ -288,203 +289,216 @@ class Runner:
 
     # --- one instance ---------------------------------------------------------------
 
-    def _run_instance(self, row: dict) -> None:
-        token = row["lease_token"]
+    def _run_instance(self, row: Claimed) -> None:
         try:
             self._steps(row)
         except LeaseLost as exc:
             metrics.lease_lost()
             log.info(
                 "event=instance.lease_lost tenant=%s instance=%s reason=%r",
-                row["tenant_id"],
-                row["id"],
+                row.tenant_id,
+                row.id,
                 str(exc)[:200],
             )
         except Exception:
             log.exception(
-                "event=instance.runner_error tenant=%s instance=%s", row["tenant_id"], row["id"]
+                "event=instance.runner_error tenant=%s instance=%s", row.tenant_id, row.id
             )
         finally:
             with self.lock:
-                self.inflight.pop(token, None)
+                self.inflight.pop(row.lease_token, None)
 
-    def _fail(self, row: dict, block_id: str, attempt: int, message: str) -> None:
-        """Fail the instance for a reason found before any handler ran (no effect)."""
-        self._finish(row, block_id, attempt, None, "error", {}, error=message)
-
-    def _finish(
-        self,
-        row,
-        block_id,
-        attempt,
-        effect_id,
-        result,
-        output,
-        *,
-        error=None,
-        retry_in=None,
-        next_block=None,
-    ) -> str:
-        got = self._call_until_done(
-            "SELECT orch8.finish_step(%s, %s, %s, %s, %s, %s, %s, %s, %s,"
-            " make_interval(secs => %s), %s)::text AS state",
-            (
-                row["tenant_id"],
-                row["id"],
-                row["lease_token"],
-                block_id,
-                attempt,
-                effect_id,
-                result,
-                Jsonb(output),
-                error,
-                retry_in,
-                next_block,
-            ),
-        )
-        return got["state"]
-
-    def _steps(self, row: dict) -> None:
-        tenant, instance = row["tenant_id"], row["id"]
-        definition = self.definition(tenant, row["sequence_id"])
-        blocks = definition.get("blocks") or []
-        ids = [b.get("id") for b in blocks]
-        progress = row["progress"] or {}
-        outputs = {k: v.get("output") for k, v in progress.items()}
-        index = ids.index(row["current_block"]) if row["current_block"] in ids else 0
-        while index < len(blocks):
+    def _steps(self, row: Claimed) -> None:
+        """Run the instance's steps back to back while it holds the lease: the block and
+        its attempt come from the claim, then from each finish_step."""
+        blocks = {
+            b.get("id"): b
+            for b in self.definition(row.tenant_id, row.sequence_id).get("blocks") or []
+            if isinstance(b, dict)
+        }
+        outputs = {k: v.get("output") for k, v in (row.progress or {}).items()}
+        block_id, attempt = row.current_block, row.current_attempt
+        while block_id is not None:
             if self.draining.is_set():
                 self._call_until_done(
-                    "SELECT orch8.release_lease(%s, %s, %s, NULL, 'runner shutting down')",
-                    (tenant, instance, row["lease_token"]),
+                    lambda c: sqlapi.steps.release_lease(
+                        c,
+                        tenant_id=row.tenant_id,
+                        instance_id=row.id,
+                        lease_token=row.lease_token,
+                        reason="runner shutting down",
+                    )
                 )
                 return
-            block = blocks[index]
-            block_id = block["id"]
-            attempt = attempt_for(progress, block_id)
-            next_block = ids[index + 1] if index + 1 < len(ids) else None
-            state, output = self._step(row, block, attempt, outputs, next_block)
-            if state != "running":
+            done = self._step(row, blocks.get(block_id) or {"id": block_id}, attempt, outputs)
+            if done.state != "running" or done.next_block is None:
                 return
-            outputs[block_id] = output
-            progress[block_id] = {"attempt": attempt, "sentinel": None, "output": output}
-            index += 1
+            block_id, attempt = done.next_block, done.next_attempt or 0
 
-    def _step(self, row, block, attempt, outputs, next_block) -> tuple[str, Any]:
-        tenant, instance = row["tenant_id"], row["id"]
+    def _step(
+        self, row: Claimed, block: dict[str, Any], attempt: int, outputs: dict[str, Any]
+    ) -> Finished:
+        """One step: check it can run here, render its params, begin it (receipt before
+        dispatch), call the handler, finish it. ``outputs`` gains its output."""
         block_id = block["id"]
-        where = f"tenant={tenant} instance={instance} block={block_id} attempt={attempt}"
-        if block.get("type", "step") != "step":
-            msg = f"block {block_id!r}: type {block.get('type')!r} is not supported by this runner"
-            return self._fail(row, block_id, attempt, msg), None
-        name = block.get("handler")
-        fn = registry.get(name) if name else None
+        where = f"tenant={row.tenant_id} instance={row.id} block={block_id} attempt={attempt}"
+        fn, problem = self._handler_of(block)
         if fn is None:
-            self._load_pure_handlers()
-            if name in self.builtin_names:
-                msg = (
-                    f"block {block_id!r}: handler {name!r} is a builtin name that orch8-py "
-                    "does not implement yet (docs/HANDLERS.md lists the ones it does)"
-                )
-            else:
-                msg = (
-                    f"block {block_id!r}: handler {name!r} is not registered in this runner "
-                    "(load the module that registers it: --import MODULE or "
-                    "ORCH8_HANDLER_MODULES)"
-                )
-            log.warning("event=step.unknown_handler %s handler=%s", where, name)
-            return self._fail(row, block_id, attempt, msg), None
-        context = row["context"]
-        scope = {
-            "data": context.get("data", {}),
-            "config": context.get("config", {}),
-            "outputs": outputs,
-            "instance_id": str(instance),
-            "runtime": {**context.get("runtime", {}), "attempt": attempt},
-        }
+            log.warning("event=step.not_runnable %s reason=%r", where, problem)
+            return self._fail(row, block_id, attempt, problem)
+        name = block["handler"]
         try:
-            params = render(block.get("params") or {}, scope)
+            params = render(block.get("params") or {}, self._scope(row, attempt, outputs))
         except TemplateError as exc:
-            return self._fail(row, block_id, attempt, f"block {block_id!r}: {exc}"), None
+            return self._fail(row, block_id, attempt, f"block {block_id!r}: {exc}")
 
         effect_id = None
-        if name not in self._load_pure_handlers():
-            began = self._call_until_done(
-                "SELECT * FROM orch8.begin_step(%s, %s, %s, %s, %s, %s, %s)",
-                (tenant, instance, row["lease_token"], block_id, name, Jsonb(params), attempt),
-            )
-            if began["outcome"] == "stopped":  # paused or cancelled by an operator
-                log.info("event=step.stopped %s state=%s", where, began["detail"])
-                return began["detail"], None
-            if began["outcome"] is not None and began["outcome"] != "dispatched":
+        if self.has_side_effects(name):
+            began = self._begin(row, block_id, name, params, attempt)
+            if began.outcome == "stopped":  # paused or cancelled by an operator
+                log.info("event=step.stopped %s state=%s", where, began.detail)
+                return Finished(began.detail or "paused", None, None)
+            if began.outcome is not None and began.outcome != "dispatched":
                 log.warning(
                     "event=step.refused %s outcome=%s effect=%s state=%s detail=%r",
                     where,
-                    began["outcome"],
-                    began["effect_id"],
-                    began["state"],
-                    began["detail"],
+                    began.outcome,
+                    began.effect_id,
+                    began.state,
+                    began.detail,
                 )
-                return "failed", None
-            effect_id = began["effect_id"]
+                return Finished("failed", None, None)
+            effect_id = began.effect_id
             fault_point("after_dispatch")
 
         timeout = float(block.get("timeout", DEFAULT_STEP_TIMEOUT * 1000)) / 1000
         ctx = StepContext(
-            tenant_id=tenant,
-            instance_id=instance,
+            tenant_id=row.tenant_id,
+            instance_id=row.id,
             block_id=block_id,
             attempt=attempt,
             handler=name,
             effect_id=effect_id,
-            context=context,
+            context=row.context,
             outputs=outputs,
             timeout=timeout,
-            state=self._state_store(row),
+            state=SqlInstanceState(self.pool.connection, row.tenant_id, row.id, row.lease_token),
         )
         metrics.step_started(name, effect_id is not None)
         started = time.monotonic()
-        result, output, error, code, retryable = self._invoke(fn, params, ctx, timeout)
+        call = self._invoke(fn, params, ctx, timeout)
         with self.lock:
             self.steps_run += 1
         if effect_id is not None:
             fault_point("before_finish")
         retry_in = None
-        if result != "ok":
-            delay = RetryPolicy.from_block(block).next_delay(
-                attempt, retryable=retryable, code=code
+        if call.result != "ok":
+            retry_in = RetryPolicy.from_block(block).next_delay(
+                attempt, retryable=call.retryable, code=call.code
             )
-            retry_in = delay.total_seconds() if delay is not None else None
-        state = self._finish(
-            row,
-            block_id,
-            attempt,
-            effect_id,
-            result,
-            output,
-            error=error,
-            retry_in=retry_in,
-            next_block=next_block,
-        )
-        metrics.step_finished(name, result, state, time.monotonic() - started)
+        done = self._finish(row, block_id, attempt, effect_id, call, retry_in)
+        metrics.step_finished(name, call.result, done.state, time.monotonic() - started)
         log.info(
             "event=step.done %s handler=%s effect=%s result=%s state=%s ms=%d%s",
             where,
             name,
             effect_id,
-            result,
-            state,
+            call.result,
+            done.state,
             (time.monotonic() - started) * 1000,
-            f" error={error!r}" if error else "",
+            f" error={call.error!r}" if call.error else "",
         )
-        return state, output
+        if call.result == "ok":
+            outputs[block_id] = call.output
+        return done
 
-    def _invoke(self, fn: Callable, params: dict, ctx: StepContext, timeout: float):
-        """Run a handler with its timeout: (result, output, error, code, retryable)."""
+    def _handler_of(self, block: dict[str, Any]) -> tuple[Handler | None, str]:
+        """The handler a step names, or why this runner cannot run the block (a definition
+        stored before the validator refused what it uses, or a handler not loaded here)."""
+        block_id = block["id"]
+        if block.get("type", "step") != "step":
+            return None, f"block {block_id!r}: type {block.get('type')!r} is not supported"
+        name = block.get("handler")
+        fn = registry.get(name) if isinstance(name, str) else None
+        if fn is not None:
+            return fn, ""
+        if name in self._builtins():
+            return None, (
+                f"block {block_id!r}: handler {name!r} is a builtin name that orch8-py "
+                "does not implement yet (docs/HANDLERS.md lists the ones it does)"
+            )
+        return None, (
+            f"block {block_id!r}: handler {name!r} is not registered in this runner "
+            "(load the module that registers it: --import MODULE or ORCH8_HANDLER_MODULES)"
+        )
+
+    @staticmethod
+    def _scope(row: Claimed, attempt: int, outputs: dict[str, Any]) -> dict[str, Any]:
+        """What {{ templates }} in params see."""
+        context = row.context
+        return {
+            "data": context.get("data", {}),
+            "config": context.get("config", {}),
+            "outputs": outputs,
+            "instance_id": str(row.id),
+            "runtime": {**context.get("runtime", {}), "attempt": attempt},
+        }
+
+    def _begin(
+        self, row: Claimed, block_id: str, handler: str, params: dict[str, Any], attempt: int
+    ) -> sqlapi.steps.Outcome:
+        return self._call_until_done(
+            lambda c: sqlapi.steps.begin_step(
+                c,
+                tenant_id=row.tenant_id,
+                instance_id=row.id,
+                lease_token=row.lease_token,
+                block_id=block_id,
+                handler=handler,
+                params=params,
+                attempt=attempt,
+            )
+        )
+
+    def _finish(
+        self,
+        row: Claimed,
+        block_id: str,
+        attempt: int,
+        effect_id: uuid.UUID | None,
+        call: Invocation,
+        retry_in: dt.timedelta | None,
+    ) -> Finished:
+        return self._call_until_done(
+            lambda c: sqlapi.steps.finish_step(
+                c,
+                tenant_id=row.tenant_id,
+                instance_id=row.id,
+                lease_token=row.lease_token,
+                block_id=block_id,
+                attempt=attempt,
+                effect_id=effect_id,
+                result=call.result,
+                output=call.output,
+                error=call.error,
+                retry_in=retry_in,
+            )
+        )
+
+    def _fail(self, row: Claimed, block_id: str, attempt: int, message: str) -> Finished:
+        """Fail the instance for a reason found before any handler ran (no effect)."""
+        return self._finish(
+            row, block_id, attempt, None, Invocation("error", {}, message, retryable=False), None
+        )
+
+    def _invoke(
+        self, fn: Handler, params: dict[str, Any], ctx: StepContext, timeout: float
+    ) -> Invocation:
+        """Run a handler with its timeout."""
         future = self.handler_pool.submit(fn, params, ctx)
         try:
             output = future.result(timeout=timeout)
-            return "ok", output if output is not None else {}, None, None, True
+            return Invocation("ok", output if output is not None else {})
         except cf.TimeoutError:
             if future.cancel():
                 # Every handler thread is still busy with calls that overran their own
@@ -498,32 +512,17 @@ class Runner:
                 )
                 evidence = {"not_started": True, "reason": "every handler thread was busy"}
                 message = f"did not start within {timeout:g}s: every handler thread was busy"
-                return "not_applied", evidence, message, "timeout", True
+                return Invocation("not_applied", evidence, message, "timeout")
             # the call may still complete: ambiguous, so the receipt becomes unknown
-            return "error", {}, f"timed out after {timeout:g}s", "timeout", True
+            return Invocation("error", {}, f"timed out after {timeout:g}s", "timeout")
         except StaleLease as exc:  # e.g. set_state found the lease gone
             raise LeaseLost(str(exc)) from None
         except NotApplied as exc:
-            return "not_applied", exc.evidence, str(exc), exc.code, exc.retryable
+            return Invocation("not_applied", exc.evidence, str(exc), exc.code, exc.retryable)
         except StepError as exc:
-            return "error", {}, str(exc), exc.code, exc.retryable
+            return Invocation("error", {}, str(exc), exc.code, exc.retryable)
         except Exception as exc:
-            return "error", {}, f"{type(exc).__name__}: {exc}", None, True
-
-    def _state_store(self, row: dict):
-        builtin = _builtin_module()
-        store = getattr(builtin, "SqlInstanceState", None) if builtin else None
-        if store is None:
-            return None
-        return store(self.pool.connection, row["tenant_id"], row["id"], row["lease_token"])
-
-
-def _builtin_module():
-    try:
-        from .handlers import builtin
-    except ImportError:
-        return None
-    return builtin
+            return Invocation("error", {}, f"{type(exc).__name__}: {exc}")
 
 
 def fault_point(name: str) -> None:

@@ -2,9 +2,11 @@
 ``{{ outputs.<block>.<path> }}``, ``{{ instance_id }}``, ``{{ runtime.attempt }}``, with
 a fallback ``{{ data.a | 'default' }}``.
 
-A string that is exactly one placeholder keeps the value's type; placeholders inside a
-longer string are rendered as text (JSON for objects and arrays). An unknown root, or a
-missing path without a fallback, raises TemplateError naming the placeholder.
+The grammar is the database's (orch8.template_placeholder_pattern and
+orch8.template_expression_pattern, through rules.py), so what the validator accepts is
+exactly what renders. A string that is exactly one placeholder keeps the value's type;
+placeholders inside a longer string are rendered as text (JSON for objects and arrays).
+A missing path without a fallback raises TemplateError naming the placeholder.
 """
 
 from __future__ import annotations
@@ -13,14 +15,11 @@ import json
 import re
 from typing import Any
 
-ROOTS = ("data", "config", "outputs", "instance_id", "runtime")
+from . import rules
 
-PLACEHOLDER = re.compile(r"\{\{(.*?)\}\}", re.S)
-EXPRESSION = re.compile(
-    r"^\s*(?P<root>[A-Za-z_][A-Za-z0-9_]*)"
-    r"(?P<path>(?:\.[A-Za-z0-9_\-]+)*)"
-    r"\s*(?:\|\s*'(?P<fallback>[^']*)')?\s*$"
-)
+PLACEHOLDER = re.compile(rules.TEMPLATE_PLACEHOLDER, re.DOTALL)
+EXPRESSION = re.compile(rules.TEMPLATE_EXPRESSION)
+WHITESPACE = " \t\r\n"  # what the validator trims around an expression (btrim)
 
 _MISSING = object()
 
@@ -29,25 +28,7 @@ class TemplateError(ValueError):
     pass
 
 
-def check(text: str) -> list[str]:
-    """Problems with the placeholders in one string (empty when it parses)."""
-    problems = []
-    rest = PLACEHOLDER.sub("", text)
-    if "{{" in rest:
-        problems.append("unclosed '{{'")
-    for m in PLACEHOLDER.finditer(text):
-        expr = EXPRESSION.match(m.group(1))
-        if not expr:
-            problems.append(f"cannot parse {m.group(0)!r}")
-        elif expr.group("root") not in ROOTS:
-            problems.append(
-                f"unknown root {expr.group('root')!r} in {m.group(0)!r} "
-                f"(use one of {', '.join(ROOTS)})"
-            )
-    return problems
-
-
-def _lookup(scope: dict, root: str, path: str) -> Any:
+def _lookup(scope: dict[str, Any], root: str, path: str) -> Any:
     value: Any = scope.get(root, _MISSING)
     for segment in filter(None, path.split(".")):
         if isinstance(value, dict) and segment in value:
@@ -59,16 +40,19 @@ def _lookup(scope: dict, root: str, path: str) -> Any:
     return value
 
 
-def _evaluate(placeholder: str, inner: str, scope: dict) -> Any:
-    m = EXPRESSION.match(inner)
-    if not m:
+def _evaluate(placeholder: str, inner: str, scope: dict[str, Any]) -> Any:
+    expr = inner.strip(WHITESPACE)
+    m = EXPRESSION.fullmatch(expr)
+    if not m:  # only in a definition stored before the validator checked templates
+        first = re.match(r"[A-Za-z_][A-Za-z0-9_]*", expr)
+        if first and first.group(0) not in rules.TEMPLATE_ROOTS:
+            raise TemplateError(
+                f"unknown root {first.group(0)!r} in template {placeholder!r} "
+                f"(use one of {', '.join(rules.TEMPLATE_ROOTS)})"
+            )
         raise TemplateError(f"cannot parse template {placeholder!r}")
-    root, path, fallback = m.group("root"), m.group("path"), m.group("fallback")
-    if root not in ROOTS:
-        raise TemplateError(
-            f"unknown root {root!r} in template {placeholder!r} (use one of {', '.join(ROOTS)})"
-        )
-    value = _lookup(scope, root, path)
+    value = _lookup(scope, m.group(1), m.group(2))
+    root, path, fallback = m.group(1), m.group(2), m.group(3)
     if value is _MISSING:
         if fallback is not None:
             return fallback
@@ -76,24 +60,24 @@ def _evaluate(placeholder: str, inner: str, scope: dict) -> Any:
     return value
 
 
-def _render_string(text: str, scope: dict) -> Any:
-    whole = PLACEHOLDER.fullmatch(text.strip()) if text.strip().startswith("{{") else None
-    if whole and text.strip().count("{{") == 1:
-        return _evaluate(whole.group(0), whole.group(1), scope)
-    if "{{" not in text:
+def _render_string(text: str, scope: dict[str, Any]) -> Any:
+    matches = list(PLACEHOLDER.finditer(text))
+    if "{{" in PLACEHOLDER.sub("", text):
+        raise TemplateError(f"unclosed '{{{{' in {text!r}")
+    if not matches:
         return text
+    only = matches[0]
+    if len(matches) == 1 and text.strip() == only.group(0):
+        return _evaluate(only.group(0), only.group(1), scope)
 
-    def sub(m: re.Match) -> str:
+    def sub(m: re.Match[str]) -> str:
         value = _evaluate(m.group(0), m.group(1), scope)
         return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
 
-    rendered = PLACEHOLDER.sub(sub, text)
-    if "{{" in PLACEHOLDER.sub("", text):
-        raise TemplateError(f"unclosed '{{{{' in {text!r}")
-    return rendered
+    return PLACEHOLDER.sub(sub, text)
 
 
-def render(value: Any, scope: dict) -> Any:
+def render(value: Any, scope: dict[str, Any]) -> Any:
     """Resolve every placeholder in a JSON value (dicts and lists walked recursively)."""
     if isinstance(value, str):
         return _render_string(value, scope)

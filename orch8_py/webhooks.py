@@ -26,20 +26,21 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
-from psycopg.rows import dict_row
 
-from . import __version__, db
+from . import __version__, db, sqlapi
+from .errors import DatabaseUnavailable
+from .sqlapi.base import Conn
 
 log = logging.getLogger("orch8.webhooks")
+T = TypeVar("T")
 
-CHANNEL = "orch8_webhooks"
 SIGNATURE_PREFIX = "sha256="
 DEFAULT_TOLERANCE = 300.0  # seconds a receiver accepts between X-Orch8-Timestamp and now
 USER_AGENT = f"orch8-py/{__version__} (webhooks)"
@@ -48,25 +49,12 @@ STOP_CHECK = 0.25  # seconds between looks at the stop event while waiting
 ERROR_SNIPPET = 300  # bytes of a failed response body kept in last_error
 DRAIN_LIMIT = 64 * 1024  # bytes of a response read before closing it
 
-CLAIM_SQL = """
-WITH claimed AS (
-    SELECT * FROM orch8.claim_webhook_deliveries(%(worker)s, %(batch)s, %(lease)s)
-)
-SELECT c.tenant_id, c.id, c.event, c.instance_id, c.payload, c.attempts, s.url, s.secret
-FROM claimed AS c
-INNER JOIN orch8.webhook_subscriptions AS s
-    ON s.tenant_id = c.tenant_id AND s.id = c.subscription_id
-ORDER BY c.id
-"""
-
 LOG_EVENTS = {
     "delivered": "webhook.delivered",
     "pending": "webhook.retry_scheduled",
     "parked": "webhook.parked",
     "stale": "webhook.stale_claim",
 }
-
-RECORD_SQL = "SELECT orch8.record_webhook_delivery(%s, %s, %s, %s, %s, %s, %s, %s) AS state"
 
 
 # --- signing ---------------------------------------------------------------------------
@@ -147,7 +135,15 @@ class Attempt:
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     """A redirect is not followed: the 3xx itself is the (failed) answer."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: Any,
+        code: int,
+        msg: str,
+        headers: Any,
+        newurl: str,
+    ) -> None:
         return None
 
 
@@ -319,14 +315,13 @@ class WebhookDeliverer:
             with self._pool.connection() as conn:
                 yield conn
 
-    def _query(self, sql: str, params: Any) -> list[dict[str, Any]]:
+    def _call(self, fn: Callable[[Conn], T]) -> T:
+        """One door call in its own transaction (committed unless autocommit)."""
         with self._connection() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            cur.execute(sql, params)
-            rows = cur.fetchall()
+            result = fn(conn)
             if not conn.autocommit:
                 conn.commit()
-            return rows
+            return result
 
     def close(self) -> None:
         for c in (self._conn, self._listen_conn):
@@ -349,8 +344,10 @@ class WebhookDeliverer:
         Returns how many were attempted. Database errors propagate (the rows stay claimed
         until the lease expires, then are delivered again); endpoint errors never do.
         """
-        rows = self._query(
-            CLAIM_SQL, {"worker": self.worker_id, "batch": self.batch, "lease": self.lease}
+        rows = self._call(
+            lambda c: sqlapi.webhooks.claim_deliveries(
+                c, worker=self.worker_id, batch=self.batch, lease=self.lease
+            )
         )
         if not rows:
             return 0
@@ -370,19 +367,19 @@ class WebhookDeliverer:
             return Attempt(False, None, f"other: {type(exc).__name__}: {exc}", 0.0)
 
     def _record(self, row: dict[str, Any], attempt: Attempt) -> str:
-        state = self._query(
-            RECORD_SQL,
-            (
-                row["tenant_id"],
-                row["id"],
-                self.worker_id,
-                attempt.ok,
-                attempt.status,
-                attempt.error,
-                self.max_attempts,
-                self.backoff,
-            ),
-        )[0]["state"]
+        state = self._call(
+            lambda c: sqlapi.webhooks.record_delivery(
+                c,
+                tenant_id=row["tenant_id"],
+                delivery_id=row["id"],
+                worker=self.worker_id,
+                ok=attempt.ok,
+                status=attempt.status,
+                error=attempt.error,
+                max_attempts=self.max_attempts,
+                backoff=self.backoff,
+            )
+        )
         if attempt.ok:
             self.delivered += 1
         else:
@@ -451,13 +448,13 @@ class WebhookDeliverer:
                 try:
                     if listener is None or listener.closed:
                         listener = self._listener()
-                        listener.execute(f"LISTEN {CHANNEL}")
+                        sqlapi.webhooks.listen_for_deliveries(listener)
                     attempted = self.deliver_once()
                     backoff = 0.1
                     if attempted >= self.batch:
                         continue  # maybe more are due: no waiting
                     self._wait(listener, stop)
-                except (psycopg.Error, db.DatabaseUnavailable) as exc:
+                except (psycopg.Error, DatabaseUnavailable) as exc:
                     log.warning(
                         "%s",
                         _kv(

@@ -11,7 +11,7 @@ import httpx
 import psycopg
 import pytest
 
-from orch8_py.fake_provider import FakeProvider
+from orch8_py.demo.provider import FakeProvider
 from tests.cli_helpers import assert_one_line_error, orch8_env
 
 

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from orch8_py import effects
+from tests import ledger
 
 TENANT = "race"
 SESSIONS = 16
@@ -119,7 +119,7 @@ def test_lost_cas_reports_the_current_state_and_is_not_retried(db_url):
     ):
         for _ in range(ROUNDS):
             instance = uuid.uuid4()
-            out = effects.begin_effect(setup, TENANT, instance, "charge", "http_request", PARAMS, 0)
+            out = ledger.begin_effect(setup, TENANT, instance, "charge", "http_request", PARAMS, 0)
             # The winner moves the receipt and holds its row lock...
             assert winner.execute(
                 "SELECT orch8.cas_effect_receipt(%s, %s, 'dispatched', 'unknown')",

@@ -13,7 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
-from orch8_py import db, effects
 from orch8_py.errors import (
     EffectBlocked,
     InvalidConfig,
@@ -23,6 +22,8 @@ from orch8_py.errors import (
     NotFound,
     StaleEffect,
 )
+from orch8_py.sqlapi.base import engine_errors
+from tests import effect_rules, ledger
 
 TENANT = "t1"
 PARAMS = {"url": "https://pay.example/charge", "json": {"amount": 1250}, "idempotency_key": "o-7"}
@@ -46,7 +47,7 @@ def test_effect_id_agrees_with_python(conn, continuity, epoch, instance, block, 
         "SELECT orch8.deterministic_effect_id(%s, %s, %s, %s, %s)",
         (continuity, epoch, instance, block, attempt),
     ).fetchone()[0]
-    assert sql == effects.deterministic_effect_id(continuity, epoch, instance, block, attempt)
+    assert sql == effect_rules.deterministic_effect_id(continuity, epoch, instance, block, attempt)
     assert sql.version == 8 and sql.variant == uuid.RFC_4122
 
 
@@ -59,7 +60,11 @@ def test_scope_ids_agree_with_python(conn, instance):
         "SELECT continuity_id, owner_runtime_id, epoch FROM orch8.ensure_effect_scope(%s, %s)",
         (TENANT, instance),
     ).fetchone()
-    assert scope == (effects.continuity_id_for(instance), effects.runtime_id_for(instance), 0)
+    assert scope == (
+        effect_rules.continuity_id_for(instance),
+        effect_rules.runtime_id_for(instance),
+        0,
+    )
 
 
 json_scalars = (
@@ -91,15 +96,15 @@ def test_canonical_json_agrees_with_python(conn, value):
     text = _json_text(value)
     sql = conn.execute("SELECT orch8.canonical_json(%s::jsonb)", (text,)).fetchone()[0]
     parsed = json.loads(text, parse_float=Decimal, parse_int=Decimal)
-    assert sql == effects.canonical_json(parsed)
+    assert sql == effect_rules.canonical_json(parsed)
     handler = "http_request"
     hashes = conn.execute(
         "SELECT orch8.request_sha256(%s, %s::jsonb), orch8.destination_fingerprint(%s, %s::jsonb)",
         (handler, text, handler, text),
     ).fetchone()
     assert hashes == (
-        effects.request_sha256(handler, parsed),
-        effects.destination_fingerprint(handler, parsed),
+        effect_rules.request_sha256(handler, parsed),
+        effect_rules.destination_fingerprint(handler, parsed),
     )
 
 
@@ -129,7 +134,7 @@ def test_canonical_json_fixed_vectors(conn):
             == expected
         )
         parsed = json.loads(source, parse_float=Decimal, parse_int=Decimal)
-        assert effects.canonical_json(parsed) == expected
+        assert effect_rules.canonical_json(parsed) == expected
 
 
 # --- begin and settle through the Python wrappers --------------------------------------
@@ -144,7 +149,7 @@ def receipt(conn, effect_id):
 
 def test_pure_handler_writes_nothing(conn):
     instance = uuid.uuid4()
-    assert effects.begin_effect(conn, TENANT, instance, "t", "transform", {"x": 1}, 0) is None
+    assert ledger.begin_effect(conn, TENANT, instance, "t", "transform", {"x": 1}, 0) is None
     counts = conn.execute(
         "SELECT (SELECT count(*) FROM orch8.continuity_executions),"
         " (SELECT count(*) FROM orch8.effect_receipts)"
@@ -154,9 +159,9 @@ def test_pure_handler_writes_nothing(conn):
 
 def test_begin_commit_and_the_effect_id(conn):
     instance = uuid.uuid4()
-    out = effects.begin_effect(conn, TENANT, instance, "charge", "http_request", PARAMS, 0)
-    expected = effects.deterministic_effect_id(
-        effects.continuity_id_for(instance), 0, instance, "charge", 0
+    out = ledger.begin_effect(conn, TENANT, instance, "charge", "http_request", PARAMS, 0)
+    expected = effect_rules.deterministic_effect_id(
+        effect_rules.continuity_id_for(instance), 0, instance, "charge", 0
     )
     assert (out.outcome, out.state, out.kind, out.effect_id) == (
         "dispatched",
@@ -170,25 +175,25 @@ def test_begin_commit_and_the_effect_id(conn):
         (out.effect_id,),
     ).fetchone()
     assert stored == (
-        effects.request_sha256("http_request", PARAMS),
-        effects.destination_fingerprint("http_request", PARAMS),
+        effect_rules.request_sha256("http_request", PARAMS),
+        effect_rules.destination_fingerprint("http_request", PARAMS),
         "o-7",
     )
-    done = effects.commit_effect(conn, TENANT, out.effect_id, {"receipt_id": "ch_123", "ok": True})
+    done = ledger.commit_effect(conn, TENANT, out.effect_id, {"receipt_id": "ch_123", "ok": True})
     assert done.outcome == "committed"
     assert receipt(conn, out.effect_id) == ("committed", "ch_123", None)
     with pytest.raises(StaleEffect, match="committed"):
-        effects.commit_effect(conn, TENANT, out.effect_id, {})
+        ledger.commit_effect(conn, TENANT, out.effect_id, {})
 
 
 def test_blocked_begin_leaves_unknown_visible_to_other_sessions(db_url):
     instance = uuid.uuid4()
     with psycopg.connect(db_url, autocommit=True) as a:
-        first = effects.begin_effect(a, TENANT, instance, "charge", "http_request", PARAMS, 0)
+        first = ledger.begin_effect(a, TENANT, instance, "charge", "http_request", PARAMS, 0)
     # "the process died": nothing settled the receipt. The same attempt begins again.
     with psycopg.connect(db_url, autocommit=True) as b:
         with pytest.raises(EffectBlocked, match="unknown") as info:
-            effects.begin_effect(b, TENANT, instance, "charge", "http_request", PARAMS, 0)
+            ledger.begin_effect(b, TENANT, instance, "charge", "http_request", PARAMS, 0)
         assert info.value.outcome.effect_id == first.effect_id
     with psycopg.connect(db_url) as c:  # a separate session and transaction
         assert receipt(c, first.effect_id)[0] == "unknown"
@@ -211,9 +216,9 @@ def test_blocked_begin_leaves_unknown_visible_to_other_sessions(db_url):
 
 def test_next_attempt_proceeds_after_unknown(conn):
     instance = uuid.uuid4()
-    first = effects.begin_effect(conn, TENANT, instance, "charge", "http_request", PARAMS, 0)
-    effects.mark_effect_unknown(conn, TENANT, first.effect_id, "503 Service Unavailable")
-    second = effects.begin_effect(conn, TENANT, instance, "charge", "http_request", PARAMS, 1)
+    first = ledger.begin_effect(conn, TENANT, instance, "charge", "http_request", PARAMS, 0)
+    ledger.mark_effect_unknown(conn, TENANT, first.effect_id, "503 Service Unavailable")
+    second = ledger.begin_effect(conn, TENANT, instance, "charge", "http_request", PARAMS, 1)
     assert second.outcome == "dispatched" and second.effect_id != first.effect_id
     assert receipt(conn, first.effect_id) == ("unknown", None, "503 Service Unavailable")
 
@@ -224,44 +229,44 @@ def test_commit_guard_duplicate_raises_invariant_violation(conn):
         "SELECT orch8.declare_invariant(%s, 'one charge', %s, true, %s)",
         (TENANT, Jsonb({"type": "effect_at_most_once", "kind": "http"}), instance),
     )
-    first = effects.begin_effect(conn, TENANT, instance, "charge", "http_request", PARAMS, 0)
-    effects.mark_effect_unknown(conn, TENANT, first.effect_id, "timeout")
+    first = ledger.begin_effect(conn, TENANT, instance, "charge", "http_request", PARAMS, 0)
+    ledger.mark_effect_unknown(conn, TENANT, first.effect_id, "timeout")
     with pytest.raises(InvariantViolation) as info:
-        effects.begin_effect(conn, TENANT, instance, "charge", "http_request", PARAMS, 1)
+        ledger.begin_effect(conn, TENANT, instance, "charge", "http_request", PARAMS, 1)
     assert info.value.outcome.competing_effect_id == first.effect_id
     assert receipt(conn, info.value.outcome.effect_id)[0] == "prepared"
     # different content is not a duplicate
     other = dict(PARAMS, json={"amount": 99})
     assert (
-        effects.begin_effect(conn, TENANT, instance, "refund", "http_request", other, 0).outcome
+        ledger.begin_effect(conn, TENANT, instance, "refund", "http_request", other, 0).outcome
         == "dispatched"
     )
 
 
 def test_abandon_not_applied_and_resolution(conn):
     instance = uuid.uuid4()
-    out = effects.begin_effect(conn, TENANT, instance, "charge", "payments.charge", PARAMS, 0)
+    out = ledger.begin_effect(conn, TENANT, instance, "charge", "payments.charge", PARAMS, 0)
     assert out.kind == "worker"
     with pytest.raises(InvalidInput):
-        effects.abandon_effect_not_applied(conn, TENANT, out.effect_id, {})
-    done = effects.abandon_effect_not_applied(
+        ledger.abandon_effect_not_applied(conn, TENANT, out.effect_id, {})
+    done = ledger.abandon_effect_not_applied(
         conn, TENANT, out.effect_id, {"error": "connection refused", "bytes_sent": 0}
     )
     assert done.outcome == "abandoned"
     with pytest.raises(InvalidTransition):
-        effects.resolve_effect(conn, TENANT, out.effect_id, "committed", actor="alice")
+        ledger.resolve_effect(conn, TENANT, out.effect_id, "committed", actor="alice")
 
-    second = effects.begin_effect(conn, TENANT, instance, "charge", "payments.charge", PARAMS, 1)
-    effects.mark_effect_unknown(conn, TENANT, second.effect_id, "timeout")
+    second = ledger.begin_effect(conn, TENANT, instance, "charge", "payments.charge", PARAMS, 1)
+    ledger.mark_effect_unknown(conn, TENANT, second.effect_id, "timeout")
     with pytest.raises(InvalidInput, match="needs evidence"):
-        effects.resolve_effect(conn, TENANT, second.effect_id, "abandoned", actor="alice")
+        ledger.resolve_effect(conn, TENANT, second.effect_id, "abandoned", actor="alice")
     with pytest.raises(StaleEffect, match="reload before resolving"):
-        effects.resolve_effect(
+        ledger.resolve_effect(
             conn, TENANT, second.effect_id, "committed", actor="alice", expected_state="dispatched"
         )
     with pytest.raises(NotFound):
-        effects.resolve_effect(conn, TENANT, uuid.uuid4(), "committed", actor="alice")
-    row = effects.resolve_effect(
+        ledger.resolve_effect(conn, TENANT, uuid.uuid4(), "committed", actor="alice")
+    row = ledger.resolve_effect(
         conn,
         TENANT,
         second.effect_id,
@@ -283,9 +288,9 @@ def test_abandon_not_applied_and_resolution(conn):
 
 def test_identity_mismatch_is_invalid_config(conn):
     instance = uuid.uuid4()
-    out = effects.begin_effect(conn, TENANT, instance, "charge", "http_request", PARAMS, 0)
-    scope = effects.continuity_id_for(instance)
-    with pytest.raises(InvalidConfig, match="collided"), db.engine_errors():
+    out = ledger.begin_effect(conn, TENANT, instance, "charge", "http_request", PARAMS, 0)
+    scope = effect_rules.continuity_id_for(instance)
+    with pytest.raises(InvalidConfig, match="collided"), engine_errors():
         conn.execute(
             "SELECT orch8.ensure_effect_receipt(%s, %s, %s, 0, %s, 'charge', 0, 'http',"
             " 'http_request', %s, %s)",

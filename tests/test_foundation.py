@@ -14,7 +14,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from orch8_py import db, errors
+from orch8_py import errors
+from orch8_py.sqlapi.base import engine_errors
 from tests.cli_helpers import assert_one_line_error, orch8_env, run_orch8
 
 
@@ -30,17 +31,35 @@ def test_now_honours_fake_now(conn):
 @pytest.mark.parametrize("sqlstate, cls", sorted(errors.BY_SQLSTATE.items()))
 def test_each_engine_sqlstate_maps_to_its_exception(conn, sqlstate, cls):
     assert sqlstate.startswith(errors.SQLSTATE_CLASS)
-    with pytest.raises(cls) as info, db.engine_errors():
+    with pytest.raises(cls) as info, engine_errors():
         conn.execute(
             f"DO $$ BEGIN RAISE EXCEPTION 'boom %', 1 USING ERRCODE = '{sqlstate}', "
-            "DETAIL = 'the detail'; END $$"
+            'DETAIL = \'{"current_state": "paused", "limit": 256}\', HINT = \'try x\'; END $$'
         )
     assert str(info.value) == "boom 1"
-    assert info.value.detail == "the detail"
+    assert info.value.facts == {"current_state": "paused", "limit": 256}
+    assert info.value.hint == "try x"
+
+
+def test_a_detail_that_is_not_a_json_object_gives_no_facts(conn):
+    with pytest.raises(errors.InvalidInput) as info, engine_errors():
+        conn.execute(
+            "DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = 'O8008', DETAIL = 'plain'; END $$"
+        )
+    assert info.value.facts == {}
+
+
+def test_an_invalid_input_with_problems_is_an_invalid_sequence(conn):
+    with pytest.raises(errors.InvalidSequence) as info, engine_errors():
+        conn.execute(
+            "DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = 'O8008',"
+            ' DETAIL = \'{"problems": [{"path": "$", "message": "m"}]}\'; END $$'
+        )
+    assert info.value.problems == [{"path": "$", "message": "m"}]
 
 
 def test_other_errors_pass_through(conn):
-    with pytest.raises(psycopg.errors.DivisionByZero), db.engine_errors():
+    with pytest.raises(psycopg.errors.DivisionByZero), engine_errors():
         conn.execute("SELECT 1/0")
 
 

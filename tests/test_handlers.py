@@ -18,11 +18,12 @@ import pytest
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from orch8_py import db, handlers
+from orch8_py import handlers
 from orch8_py.errors import StaleLease
 from orch8_py.handlers import NotApplied, StepContext, StepError
 from orch8_py.handlers import http as handler_http
-from orch8_py.handlers.builtin import SqlInstanceState
+from orch8_py.instance_state import SqlInstanceState
+from orch8_py.sqlapi.base import engine_errors
 from tests.handler_helpers import make_ctx, run
 from tests.http_provider import Provider, provider_fixture  # noqa: F401  (fixture: provider)
 
@@ -701,7 +702,7 @@ def test_set_state_with_a_stale_lease_raises_stale_lease(db_url, conn, claimed):
             "SELECT orch8.set_instance_state('t1', %s, %s, 'k', '1')", (instance_id, uuid.uuid4())
         )
     assert info.value.sqlstate == "O8001"
-    with pytest.raises(StaleLease), db.engine_errors():
+    with pytest.raises(StaleLease), engine_errors():
         conn.execute(
             "SELECT orch8.set_instance_state('t1', %s, %s, 'k', '1')", (instance_id, uuid.uuid4())
         )

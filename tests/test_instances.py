@@ -10,8 +10,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from orch8_py import db
 from orch8_py.errors import InvalidInput, InvalidTransition, NotFound, StaleLease
+from orch8_py.sqlapi.base import engine_errors
 
 TENANT = "t1"
 
@@ -26,7 +26,7 @@ def sequence_id(conn):
 
 
 def create(conn, sequence_id, **kw):
-    with db.engine_errors():
+    with engine_errors():
         return conn.execute(
             "SELECT id, state::text, deduplicated FROM orch8.create_instance("
             "%s, %s, %s, '{}', %s, %s, %s)",
@@ -136,7 +136,7 @@ def test_stale_token_is_rejected_after_the_lease_is_reclaimed(db_url, conn, sequ
         later.execute(
             "SELECT orch8.heartbeat_leases(%s, '300 years')", ([new_token],)
         )  # keep it valid at real time
-    with pytest.raises(StaleLease), db.engine_errors():
+    with pytest.raises(StaleLease), engine_errors():
         conn.execute(
             "SELECT orch8.append_block_output(%s, %s, %s, 'a', 0, NULL, '{}')",
             (TENANT, instance, old_token),
@@ -183,9 +183,9 @@ def test_release_and_illegal_transitions(conn, sequence_id):
         "SELECT state::text, lease_token FROM orch8.task_instances WHERE id = %s", (instance,)
     ).fetchone()
     assert row == ("scheduled", None)
-    with pytest.raises(StaleLease), db.engine_errors():
+    with pytest.raises(StaleLease), engine_errors():
         conn.execute("SELECT orch8.release_lease(%s, %s, %s)", (TENANT, instance, token))
-    with pytest.raises(InvalidTransition), db.engine_errors():
+    with pytest.raises(InvalidTransition), engine_errors():
         conn.execute(
             "SELECT orch8.transition_instance(%s, %s, 'completed', 'running', 'x')",
             (TENANT, instance),

@@ -10,15 +10,16 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from orch8_py import db, effects
 from orch8_py.errors import EffectBlocked, InvalidTransition, NotFound
+from orch8_py.sqlapi.base import engine_errors
+from tests import ledger
 from tests.runner_helpers import TENANT, make_sequence, running, start, wait_for
 
 PARAMS = {"url": "https://pay.example/charge"}
 
 
 def call(conn, sql, *args):
-    with db.engine_errors():
+    with engine_errors():
         return conn.execute(sql, args).fetchone()
 
 
@@ -101,7 +102,7 @@ def test_cancel_requested_while_running_applies_after_the_step(conn, seq):
     assert call(conn, "SELECT orch8.cancel_instance(%s, %s, 'op')", TENANT, a)[0] == "requested"
     final = call(
         conn,
-        "SELECT orch8.finish_step(%s, %s, %s, 'charge', 0, %s, 'ok', '{}', NULL, NULL, 'ship')",
+        "SELECT state::text FROM orch8.finish_step(%s, %s, %s, 'charge', 0, %s, 'ok', '{}')",
         TENANT,
         a,
         token,
@@ -155,7 +156,7 @@ def test_retry_after_committed_completes_the_step_without_sending(db_url, conn, 
         return {"receipt_id": "new"}
 
     a, effect_id = fail_with_unknown_receipt(conn, seq)
-    effects.resolve_effect(
+    ledger.resolve_effect(
         conn,
         TENANT,
         effect_id,
@@ -187,7 +188,7 @@ def test_retry_after_abandoned_runs_the_step_as_a_new_attempt(db_url, conn, seq)
         return {"receipt_id": "new"}
 
     a, effect_id = fail_with_unknown_receipt(conn, seq)
-    effects.resolve_effect(
+    ledger.resolve_effect(
         conn, TENANT, effect_id, "abandoned", actor="alice", evidence={"provider": "no such charge"}
     )
     out = call(conn, "SELECT * FROM orch8.retry_instance(%s, %s, 'alice')", TENANT, a)
@@ -200,7 +201,7 @@ def test_retry_after_abandoned_runs_the_step_as_a_new_attempt(db_url, conn, seq)
 def test_retry_of_the_last_step_settled_completes_the_instance(conn):
     seq = make_sequence(conn, [{"type": "step", "id": "charge", "handler": "test.ops.charge"}])
     a, effect_id = fail_with_unknown_receipt(conn, seq)
-    effects.resolve_effect(
+    ledger.resolve_effect(
         conn, TENANT, effect_id, "verified", actor="alice", evidence={"provider": "found it"}
     )
     out = call(conn, "SELECT * FROM orch8.retry_instance(%s, %s, 'alice')", TENANT, a)
@@ -229,8 +230,8 @@ def test_rls_isolates_tenants_for_the_web_role(db_url, conn, seq):
     ).fetchone()[0]
     theirs = start(conn, other_seq, tenant="other")
     for tenant, instance in ((TENANT, mine), ("other", theirs)):  # an unknown receipt each
-        out = effects.begin_effect(conn, tenant, instance, "charge", "x.y", PARAMS, 0)
-        effects.mark_effect_unknown(conn, tenant, out.effect_id, "timeout")
+        out = ledger.begin_effect(conn, tenant, instance, "charge", "x.y", PARAMS, 0)
+        ledger.mark_effect_unknown(conn, tenant, out.effect_id, "timeout")
     with psycopg.connect(db_url) as web:
         web.execute("SET ROLE orch8_web")
         assert web.execute("SELECT count(*) FROM orch8.task_instances").fetchone()[0] == 0

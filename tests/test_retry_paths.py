@@ -123,7 +123,12 @@ def assert_retry_refused_in_sql(conn, instance, effect_id, state, block="charge"
         f"receipt {effect_id} (block {block}, attempt {attempt}) is {state}:"
         " resolve it before retrying"
     )
-    assert err.diag.message_detail == f"effect_id: {effect_id}"
+    assert json.loads(err.diag.message_detail) == {
+        "effect_id": str(effect_id),
+        "effect_state": state,
+        "block_id": block,
+        "attempt": attempt,
+    }
 
 
 def footprint(conn, instance):

@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
-from orch8_py import sequences
-from orch8_py.errors import InvalidInput
-from orch8_py.sequences import InvalidSequence
+from orch8_py import sqlapi
+from orch8_py.cli.sequences import load_definition_file
+from orch8_py.errors import InvalidInput, InvalidSequence
 
 TENANT = "acme"
 
@@ -39,13 +39,12 @@ BAD = {
         },
         {"id": "fetch", "type": "step", "handler": "log"},
         {"id": "jump", "type": "teleport"},
-        {
-            "id": "fan",
-            "type": "parallel",
-            "branches": [[{"id": "inner", "type": "step"}], [{"id": "jump", "type": "step"}]],
-        },
+        {"id": "fan", "type": "parallel", "branches": [[{"id": "inner", "type": "step"}]]},
+        {"id": "jump", "type": "step", "handler": "noop", "when": "data.x"},
     ],
-    "invariants": [{"name": "once", "type": "effect_at_most_once", "kind": "telepathy"}],
+    "invariants": [
+        {"name": "once", "type": "effect_at_most_once", "kind": "telepathy", "commit_guard": True}
+    ],
 }
 
 BAD_PATHS = [
@@ -55,28 +54,30 @@ BAD_PATHS = [
     "$.blocks[0].retry.max_attempts",
     "$.blocks[1].id",
     "$.blocks[2].type",
-    "$.blocks[3].branches[0][0].handler",
-    "$.blocks[3].branches[1][0].handler",
-    "$.blocks[3].branches[1][0].id",
+    "$.blocks[3].type",
+    "$.blocks[4].when",
+    "$.blocks[4].id",
     "$.invariants[0].kind",
 ]
 
 
+def create(conn, name, definition, namespace="default"):
+    return sqlapi.sequences.create_sequence(
+        conn, tenant_id=TENANT, namespace=namespace, name=name, definition=definition
+    )
+
+
 def test_create_stores_versions_and_returns_the_row(conn):
-    first = sequences.create_sequence(conn, TENANT, "default", "checkout", GOOD)
-    second = sequences.create_sequence(conn, TENANT, "default", "checkout", GOOD)
+    first = create(conn, "checkout", GOOD)
+    second = create(conn, "checkout", GOOD)
     assert (first["version"], second["version"]) == (1, 2)
     assert first["definition"] == GOOD
-    assert (first["tenant_id"], first["namespace"], first["name"]) == (
-        TENANT,
-        "default",
-        "checkout",
-    )
+    assert (first["namespace"], first["name"]) == ("default", "checkout")
 
 
 def test_invalid_sequence_lists_every_problem_with_its_path(conn):
     with pytest.raises(InvalidSequence) as info:
-        sequences.create_sequence(conn, TENANT, "default", "broken", BAD)
+        create(conn, "broken", BAD)
     err = info.value
     assert isinstance(err, InvalidInput)
     assert str(err) == f"sequence definition has {len(BAD_PATHS)} problem(s)"
@@ -84,7 +85,9 @@ def test_invalid_sequence_lists_every_problem_with_its_path(conn):
     assert all(set(p) == {"path", "message"} and p["message"] for p in err.problems)
     by_path = {p["path"]: p["message"] for p in err.problems}
     assert by_path["$.blocks[1].id"] == 'duplicate block id "fetch" (first used at $.blocks[0])'
-    assert by_path["$.blocks[3].branches[1][0].id"].startswith('duplicate block id "jump"')
+    assert by_path["$.blocks[4].id"].startswith('duplicate block id "jump"')
+    assert by_path["$.blocks[3].type"].startswith('block type "parallel" is not supported yet')
+    assert by_path["$.blocks[4].when"] == "when is not supported yet"
     assert by_path["$.owner"] == "unknown field"
     stored = conn.execute(
         "SELECT count(*) FROM orch8.sequences WHERE tenant_id = %s", (TENANT,)
@@ -94,9 +97,13 @@ def test_invalid_sequence_lists_every_problem_with_its_path(conn):
 
 def test_bad_name_is_invalid_input_without_problems(conn):
     with pytest.raises(InvalidInput) as info:
-        sequences.create_sequence(conn, TENANT, "default", "no spaces", GOOD)
+        create(conn, "no spaces", GOOD)
     assert not isinstance(info.value, InvalidSequence)
     assert "invalid sequence name" in str(info.value)
+    assert info.value.facts == {
+        "field": "sequence name",
+        "rule": "1 to 200 characters among A-Z a-z 0-9 _ . -",
+    }
 
 
 def test_concurrent_creators_get_consecutive_versions(db_url):
@@ -106,12 +113,12 @@ def test_concurrent_creators_get_consecutive_versions(db_url):
         for n in range(rounds):
             barrier = threading.Barrier(2)
 
-            def create(c: psycopg.Connection, barrier: threading.Barrier = barrier) -> int:
+            def make(c: psycopg.Connection, barrier: threading.Barrier = barrier) -> int:
                 barrier.wait(timeout=30)
-                return sequences.create_sequence(c, TENANT, "default", "race", GOOD)["version"]
+                return int(create(c, "race", GOOD)["version"])
 
             with ThreadPoolExecutor(2) as pool:
-                versions = sorted(pool.map(create, conns))
+                versions = sorted(pool.map(make, conns))
             assert versions == [2 * n + 1, 2 * n + 2], f"round {n}: {versions}"
         latest = (
             conns[0]
@@ -127,7 +134,7 @@ def test_concurrent_creators_get_consecutive_versions(db_url):
 def test_load_definition_file_reads_an_object(tmp_path):
     path = tmp_path / "checkout.json"
     path.write_text('{"blocks": [{"id": "a", "type": "step", "handler": "noop"}]}')
-    assert sequences.load_definition_file(path) == {
+    assert load_definition_file(path) == {
         "blocks": [{"id": "a", "type": "step", "handler": "noop"}]
     }
 
@@ -150,7 +157,7 @@ def test_load_definition_file_errors_are_one_line(tmp_path, content, expected):
     elif content is not None:
         path.write_text(content)
     with pytest.raises(InvalidInput) as info:
-        sequences.load_definition_file(path)
+        load_definition_file(path)
     message = str(info.value)
     assert "\n" not in message
     assert expected in message
@@ -159,6 +166,6 @@ def test_load_definition_file_errors_are_one_line(tmp_path, content, expected):
 
 def test_load_definition_file_of_a_directory(tmp_path):
     with pytest.raises(InvalidInput) as info:
-        sequences.load_definition_file(tmp_path)
+        load_definition_file(tmp_path)
     assert "\n" not in str(info.value)
     assert "is a directory" in str(info.value)

@@ -8,8 +8,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from orch8_py import db
 from orch8_py.errors import StaleLease
+from orch8_py.sqlapi.base import engine_errors
 
 TENANT = "t1"
 PARAMS = Jsonb({"url": "https://pay.example/charge", "json": {"amount": 10}})
@@ -17,11 +17,11 @@ PARAMS = Jsonb({"url": "https://pay.example/charge", "json": {"amount": 10}})
 
 @pytest.fixture
 def claimed(conn):
-    """A running instance and its lease token."""
+    """A running instance of a sequence of two steps (charge, ship) and its lease token."""
     seq = conn.execute(
         "INSERT INTO orch8.sequences (tenant_id, name, version, definition)"
-        " VALUES (%s, 'flow', 1, '{}') RETURNING id",
-        (TENANT,),
+        " VALUES (%s, 'flow', 1, %s) RETURNING id",
+        (TENANT, Jsonb({"blocks": [{"id": "charge"}, {"id": "ship"}]})),
     ).fetchone()[0]
     instance = conn.execute(
         "SELECT id FROM orch8.create_instance(%s, %s)", (TENANT, seq)
@@ -33,7 +33,7 @@ def claimed(conn):
 
 
 def begin(conn, instance, token, attempt=0, block="charge", handler="http_request"):
-    with db.engine_errors():
+    with engine_errors():
         return conn.execute(
             "SELECT outcome, effect_id, state::text, detail FROM orch8.begin_step("
             "%s, %s, %s, %s, %s, %s, %s)",
@@ -41,23 +41,25 @@ def begin(conn, instance, token, attempt=0, block="charge", handler="http_reques
         ).fetchone()
 
 
-def finish(conn, instance, token, effect_id, result, output=None, **kw):
-    with db.engine_errors():
+def finish(conn, instance, token, effect_id, result, output=None, block="charge", **kw):
+    """finish_step's answer: (state, next block, its attempt)."""
+    with engine_errors():
         return conn.execute(
-            "SELECT orch8.finish_step(%s, %s, %s, 'charge', %s, %s, %s, %s, %s, %s, %s)::text",
+            "SELECT state::text, next_block, next_attempt FROM orch8.finish_step("
+            "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
             (
                 TENANT,
                 instance,
                 token,
+                block,
                 kw.get("attempt", 0),
                 effect_id,
                 result,
                 Jsonb(output or {}),
                 kw.get("error"),
                 kw.get("retry_in"),
-                kw.get("next_block"),
             ),
-        ).fetchone()[0]
+        ).fetchone()
 
 
 def instance_state(conn, instance):
@@ -86,10 +88,11 @@ def sentinels(conn, instance):
 
 def test_success_commits_and_completes(conn, claimed):
     instance, token = claimed
-    outcome, effect_id, state, _ = begin(conn, instance, token)
+    outcome, effect_id, state, _ = begin(conn, instance, token, block="ship")
     assert (outcome, state) == ("dispatched", "dispatched")
     assert sentinels(conn, instance) == ["__in_progress__"]
-    assert finish(conn, instance, token, effect_id, "ok", {"receipt_id": "ch_1"}) == "completed"
+    done = finish(conn, instance, token, effect_id, "ok", {"receipt_id": "ch_1"}, block="ship")
+    assert done == ("completed", None, None)
     assert receipt_state(conn, effect_id) == ("committed", "ch_1")
     assert sentinels(conn, instance) == ["__in_progress__", "output"]
     assert instance_state(conn, instance) == ("completed", None)
@@ -98,7 +101,7 @@ def test_success_commits_and_completes(conn, claimed):
 def test_next_block_keeps_the_instance_running(conn, claimed):
     instance, token = claimed
     _, effect_id, _, _ = begin(conn, instance, token)
-    assert finish(conn, instance, token, effect_id, "ok", next_block="ship") == "running"
+    assert finish(conn, instance, token, effect_id, "ok") == ("running", "ship", 0)
     row = conn.execute(
         "SELECT state::text, current_block FROM orch8.task_instances WHERE id = %s", (instance,)
     ).fetchone()
@@ -131,7 +134,7 @@ def test_retryable_error_marks_unknown_and_schedules_next_attempt(conn, claimed)
     instance, token = claimed
     _, first, _, _ = begin(conn, instance, token)
     state = finish(conn, instance, token, first, "error", error="503", retry_in="0 seconds")
-    assert state == "scheduled"
+    assert state == ("scheduled", None, None)
     assert receipt_state(conn, first)[0] == "unknown"
     attempt = conn.execute(
         "SELECT orch8.compute_attempt(%s, %s, 'charge')", (TENANT, instance)
@@ -156,7 +159,7 @@ def test_permanent_error_and_not_applied(conn, claimed):
         {"error": "connection refused"},
         error="connection refused",
     )
-    assert state == "failed"
+    assert state == ("failed", None, None)
     assert receipt_state(conn, effect_id)[0] == "abandoned"
     assert sentinels(conn, instance) == ["__in_progress__", "__error__"]
 
@@ -177,8 +180,8 @@ def test_duplicate_under_guard_fails_with_invariant_violation(conn, claimed):
         (TENANT, Jsonb({"type": "effect_at_most_once", "kind": "http"}), instance),
     )
     _, effect_id, _, _ = begin(conn, instance, token)
-    assert finish(conn, instance, token, effect_id, "ok", next_block="charge2") == "running"
-    outcome, _, state, _ = begin(conn, instance, token, block="charge2")
+    assert finish(conn, instance, token, effect_id, "ok") == ("running", "ship", 0)
+    outcome, _, state, _ = begin(conn, instance, token, block="ship")
     assert (outcome, state) == ("duplicate", "prepared")
     state, error = instance_state(conn, instance)
     assert state == "failed" and error.startswith("InvariantViolation")
@@ -197,8 +200,9 @@ def test_repeating_begin_and_finish_under_the_same_lease_is_safe(conn, claimed):
     again = begin(conn, instance, token)
     assert again[:3] == first[:3] == ("dispatched", first[1], "dispatched")
     assert sentinels(conn, instance) == ["__in_progress__"]
-    assert finish(conn, instance, token, first[1], "ok", {"receipt_id": "r1"}) == "completed"
-    assert finish(conn, instance, token, first[1], "ok", {"receipt_id": "r1"}) == "completed"
+    done = finish(conn, instance, token, first[1], "ok", {"receipt_id": "r1"})
+    assert done == ("running", "ship", 0)
+    assert finish(conn, instance, token, first[1], "ok", {"receipt_id": "r1"}) == done
     assert sentinels(conn, instance) == ["__in_progress__", "output"]
     assert receipt_state(conn, first[1]) == ("committed", "r1")
 
@@ -230,5 +234,5 @@ def test_a_child_that_ends_wakes_its_waiting_parent(conn, claimed):
         "SELECT lease_token FROM orch8.claim_due_instances('w1', 1, '30 seconds')"
     ).fetchone()[0]
     assert begin(conn, child, child_token, handler="transform")[0] is None
-    assert finish(conn, child, child_token, None, "ok", {"x": 1}) == "completed"
+    assert finish(conn, child, child_token, None, "ok", {"x": 1}, block="ship")[0] == "completed"
     assert instance_state(conn, parent)[0] == "scheduled"

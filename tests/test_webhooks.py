@@ -20,8 +20,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import psycopg
 import pytest
 
-from orch8_py import db, webhooks
+from orch8_py import webhooks
 from orch8_py.errors import InvalidInput, InvalidTransition, NotFound
+from orch8_py.sqlapi.base import engine_errors
 from orch8_py.webhooks import WebhookDeliverer, sign, verify
 
 SECRET = "whsec-test-0123456789"
@@ -154,7 +155,7 @@ def seq(conn):
 
 
 def subscribe(conn, url, tenant="t1", events=None, secret=SECRET):
-    with db.engine_errors():
+    with engine_errors():
         if events is None:
             return conn.execute(
                 "SELECT orch8.create_webhook_subscription(%s, %s, %s)", (tenant, url, secret)
@@ -205,7 +206,7 @@ def row_state(conn, delivery_id, tenant="t1"):
 
 
 def call(conn, sql, *params):
-    with db.engine_errors():
+    with engine_errors():
         return conn.execute(sql, params).fetchone()[0]
 
 

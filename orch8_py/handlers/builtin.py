@@ -2,8 +2,9 @@
 
 Pure (never get a receipt): noop, log, sleep, fail, assert, transform, set_state,
 get_state, delete_state, merge_state. Side-effecting (a receipt, and ``ctx.effect_id`` as
-the idempotency key): http_request, llm_call, tool_call. The names match
-orch8.builtin_handlers in SQL. docs/HANDLERS.md describes every parameter, output and error.
+the idempotency key): http_request, llm_call, tool_call. The names are those of
+orch8.builtin_handlers marked implemented (rules.BUILTIN_HANDLERS; a test holds them
+equal). docs/HANDLERS.md describes every parameter, output and error.
 """
 
 from __future__ import annotations
@@ -12,22 +13,19 @@ import json
 import logging
 import re
 import time
-import uuid
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import Any
 
-from .. import expression
-from ..db import engine_errors
+from .. import expression, rules
 from ..errors import InvalidInput
-from . import StepContext, StepError, handler
+from ..steps import InstanceState, StepContext, StepError
 from . import http as _http
 from .http import bad_params
+from .registry import handler
 
 log = logging.getLogger("orch8.handlers")
 
-MAX_STATE_KEY_BYTES = 256
-MAX_STATE_VALUE_BYTES = 256 * 1024
+MAX_STATE_KEY_BYTES = rules.LIMITS["state_key_bytes"]
+MAX_STATE_VALUE_BYTES = rules.LIMITS["state_value_bytes"]
 LOG_LEVELS = {
     "debug": logging.DEBUG,
     "info": logging.INFO,
@@ -38,7 +36,7 @@ LOG_LEVELS = {
 _MISSING = object()
 
 
-def _params(params: Any) -> dict:
+def _params(params: Any) -> dict[str, Any]:
     if params is None:
         return {}
     if not isinstance(params, dict):
@@ -46,19 +44,19 @@ def _params(params: Any) -> dict:
     return params
 
 
-def _number(params: dict, name: str, default: float) -> float:
+def _number(params: dict[str, Any], name: str, default: float) -> float:
     value = params.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise bad_params(f"{name} must be a number")
     return value
 
 
-def _config(ctx: StepContext) -> dict:
+def _config(ctx: StepContext) -> dict[str, Any]:
     config = (ctx.context or {}).get("config") or {}
     return config if isinstance(config, dict) else {}
 
 
-def expression_scope(ctx: StepContext) -> dict:
+def expression_scope(ctx: StepContext) -> dict[str, Any]:
     """The roots an expression sees: data, config, runtime (with attempt, ids), outputs."""
     context = ctx.context or {}
     runtime = dict(context.get("runtime") or {})
@@ -86,12 +84,12 @@ def _kv(value: Any) -> str:
 
 
 @handler("noop")
-def noop(params: dict, ctx: StepContext) -> dict:
+def noop(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     return {}
 
 
 @handler("log")
-def log_(params: dict, ctx: StepContext) -> dict:
+def log_(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     params = _params(params)
     message = params.get("message", "")
     if not isinstance(message, str):
@@ -113,7 +111,7 @@ def log_(params: dict, ctx: StepContext) -> dict:
 
 
 @handler("sleep")
-def sleep(params: dict, ctx: StepContext) -> dict:
+def sleep(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     params = _params(params)
     duration_ms = _number(params, "duration_ms", 100)
     if duration_ms < 0:
@@ -125,7 +123,7 @@ def sleep(params: dict, ctx: StepContext) -> dict:
 
 
 @handler("fail")
-def fail(params: dict, ctx: StepContext) -> dict:
+def fail(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     params = _params(params)
     message = str(params.get("message") or "step failed (fail handler)")
     code = params.get("code")
@@ -136,7 +134,7 @@ def fail(params: dict, ctx: StepContext) -> dict:
 
 
 @handler("assert")
-def assert_(params: dict, ctx: StepContext) -> dict:
+def assert_(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     params = _params(params)
     if "condition" not in params:
         raise bad_params("assert needs a condition (an expression string or a boolean)")
@@ -152,7 +150,7 @@ def assert_(params: dict, ctx: StepContext) -> dict:
 
 
 @handler("transform")
-def transform(params: dict, ctx: StepContext) -> dict:
+def transform(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     params = _params(params)
     has_expr, has_value = "expression" in params, "value" in params
     if has_expr == has_value:
@@ -168,72 +166,13 @@ def transform(params: dict, ctx: StepContext) -> dict:
 # --- instance state ---------------------------------------------------------------------
 
 
-class SqlInstanceState:
-    """ctx.state backed by orch8.set_instance_state / orch8.get_instance_state.
-
-    ``conn_factory()`` returns a context manager yielding a psycopg connection (for
-    example a psycopg_pool ConnectionPool's ``.connection``). Each call runs in its own
-    transaction. ``set`` is fenced by the lease token: a stale one raises
-    orch8_py.errors.StaleLease (SQLSTATE O8001).
-    """
-
-    def __init__(
-        self,
-        conn_factory: Callable[[], AbstractContextManager],
-        tenant_id: str,
-        instance_id: uuid.UUID | str,
-        lease_token: uuid.UUID | str,
-    ):
-        self.conn_factory = conn_factory
-        self.tenant_id = tenant_id
-        self.instance_id = instance_id
-        self.lease_token = lease_token
-
-    def get(self, key: str, default: Any = None) -> Any:
-        with self.conn_factory() as conn, engine_errors(), conn.transaction():
-            row = conn.execute(
-                "SELECT orch8.get_instance_state(%s, %s, %s)::text",
-                (self.tenant_id, self.instance_id, key),
-            ).fetchone()
-        if row is None or row[0] is None:
-            return default
-        return json.loads(row[0])
-
-    def set(self, key: str, value: Any) -> None:
-        from psycopg.types.json import Jsonb
-
-        with self.conn_factory() as conn, engine_errors(), conn.transaction():
-            conn.execute(
-                "SELECT orch8.set_instance_state(%s, %s, %s, %s, %s)",
-                (self.tenant_id, self.instance_id, self.lease_token, key, Jsonb(value)),
-            )
-
-    def delete(self, key: str) -> bool:
-        with self.conn_factory() as conn, engine_errors(), conn.transaction():
-            row = conn.execute(
-                "SELECT orch8.delete_instance_state(%s, %s, %s, %s)",
-                (self.tenant_id, self.instance_id, self.lease_token, key),
-            ).fetchone()
-        return bool(row[0])
-
-    def merge(self, key: str, patch: dict) -> dict:
-        from psycopg.types.json import Jsonb
-
-        with self.conn_factory() as conn, engine_errors(), conn.transaction():
-            row = conn.execute(
-                "SELECT orch8.merge_instance_state(%s, %s, %s, %s, %s)::text",
-                (self.tenant_id, self.instance_id, self.lease_token, key, Jsonb(patch)),
-            ).fetchone()
-        return json.loads(row[0])
-
-
-def _state(ctx: StepContext):
+def _state(ctx: StepContext) -> InstanceState:
     if ctx.state is None:
         raise StepError("no state store", code="no_state_store", retryable=False)
     return ctx.state
 
 
-def _state_key(params: dict) -> str:
+def _state_key(params: dict[str, Any]) -> str:
     key = params.get("key")
     if not isinstance(key, str) or not 1 <= len(key.encode()) <= MAX_STATE_KEY_BYTES:
         raise bad_params(f"key must be a string of 1 to {MAX_STATE_KEY_BYTES} bytes")
@@ -241,7 +180,7 @@ def _state_key(params: dict) -> str:
 
 
 @handler("set_state")
-def set_state(params: dict, ctx: StepContext) -> dict:
+def set_state(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     params = _params(params)
     key = _state_key(params)
     if "value" not in params:
@@ -261,7 +200,7 @@ def set_state(params: dict, ctx: StepContext) -> dict:
 
 
 @handler("get_state")
-def get_state(params: dict, ctx: StepContext) -> dict:
+def get_state(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     params = _params(params)
     key = _state_key(params)
     value = _state(ctx).get(key, _MISSING)
@@ -271,13 +210,13 @@ def get_state(params: dict, ctx: StepContext) -> dict:
 
 
 @handler("delete_state")
-def delete_state(params: dict, ctx: StepContext) -> dict:
+def delete_state(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     key = _state_key(_params(params))
     return {"key": key, "deleted": _state(ctx).delete(key)}
 
 
 @handler("merge_state")
-def merge_state(params: dict, ctx: StepContext) -> dict:
+def merge_state(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     params = _params(params)
     key = _state_key(params)
     patch = params.get("value")
@@ -294,7 +233,7 @@ def merge_state(params: dict, ctx: StepContext) -> dict:
 
 
 @handler("http_request")
-def http_request(params: dict, ctx: StepContext) -> dict:
+def http_request(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     params = _params(params)
     method = params.get("method", "GET")
     if not isinstance(method, str) or method.upper() not in _http.METHODS:
@@ -326,7 +265,7 @@ def http_request(params: dict, ctx: StepContext) -> dict:
 
 
 @handler("llm_call")
-def llm_call(params: dict, ctx: StepContext) -> dict:
+def llm_call(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     params = _params(params)
     config = _config(ctx)
     if "api_key" in params:
@@ -370,7 +309,7 @@ def llm_call(params: dict, ctx: StepContext) -> dict:
         timeout=_http.timeout_seconds(params, ctx),
         key=_http.idempotency_key(params, ctx),
     )
-    data = resp.json if resp.has_json else None
+    data: Any = resp.json if resp.has_json else None  # any JSON: the try below checks it
     try:
         choice = data["choices"][0]
         content = choice["message"].get("content")
@@ -392,7 +331,7 @@ def llm_call(params: dict, ctx: StepContext) -> dict:
 
 
 @handler("tool_call")
-def tool_call(params: dict, ctx: StepContext) -> dict:
+def tool_call(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     params = _params(params)
     tool = params.get("tool")
     if not isinstance(tool, str) or not tool:

@@ -25,11 +25,11 @@ import json
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
-from . import NotApplied, StepContext, StepError
+from ..steps import NotApplied, StepContext, StepError
 
 ALLOW_PRIVATE_ENV = "ORCH8_ALLOW_PRIVATE_URLS"
 DEFAULT_TIMEOUT_MS = 10_000
@@ -79,7 +79,7 @@ class Target:
     url: httpx.URL
     original: httpx.URL
     host_header: str | None = None
-    extensions: dict = field(default_factory=dict)
+    extensions: dict[str, Any] = field(default_factory=dict)  # httpx request extensions
 
 
 def check_url(url: Any) -> Target:
@@ -132,7 +132,9 @@ def check_url(url: Any) -> Target:
             ) from None
         addresses = []
         for info in infos:
-            ip = ipaddress.ip_address(info[4][0].split("%", 1)[0])
+            # an AF_INET / AF_INET6 sockaddr starts with the address text
+            sockaddr_host = cast(str, info[4][0])
+            ip = ipaddress.ip_address(sockaddr_host.split("%", 1)[0])
             if ip not in addresses:
                 addresses.append(ip)
         if not addresses:
@@ -160,7 +162,7 @@ def check_url(url: Any) -> Target:
 # --- sending ----------------------------------------------------------------------------
 
 
-def timeout_seconds(params: dict, ctx: StepContext) -> float:
+def timeout_seconds(params: dict[str, Any], ctx: StepContext) -> float:
     raw = params.get("timeout_ms", DEFAULT_TIMEOUT_MS)
     if isinstance(raw, bool) or not isinstance(raw, int | float) or raw <= 0:
         raise bad_params("timeout_ms must be a positive number")
@@ -170,7 +172,7 @@ def timeout_seconds(params: dict, ctx: StepContext) -> float:
     return seconds
 
 
-def idempotency_key(params: dict, ctx: StepContext) -> str | None:
+def idempotency_key(params: dict[str, Any], ctx: StepContext) -> str | None:
     key = params.get("idempotency_key")
     if key is not None:
         if not isinstance(key, str | int) or isinstance(key, bool) or str(key) == "":

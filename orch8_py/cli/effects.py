@@ -4,13 +4,14 @@ happened, the evidence of one, and recording what the provider says
 
 from __future__ import annotations
 
+import argparse
 import json
 
-from psycopg.rows import dict_row
-
-from . import db, effects
-from .cli_common import (
+from .. import db, rules, sqlapi
+from ..errors import NotFound
+from .common import (
     EXIT_OK,
+    Subparsers,
     actor_flag,
     check_limit,
     command,
@@ -23,33 +24,29 @@ from .cli_common import (
     tenant_flag,
     ts,
 )
-from .cli_common import actor_of as _actor_of
-from .cli_common import json_object as _json_object
-from .errors import NotFound
-from .states import EFFECT_KINDS
+from .common import actor_of as _actor_of
+from .common import json_object as _json_object
 
-RESOLVE_STATES = ("committed", "verified", "abandoned", "compensated")
+# every state an operator may resolve some receipt to (orch8.effect_resolutions)
+RESOLVE_STATES = tuple(
+    s for s in rules.EFFECT_STATES if any(s in to for to in rules.RESOLUTIONS.values())
+)
+NEEDS_EVIDENCE = ", ".join(rules.RESOLUTIONS_NEEDING_EVIDENCE)
 
 
 @command
-def effects_unresolved(args, url: str) -> int:
+def effects_unresolved(args: argparse.Namespace, url: str) -> int:
     limit = check_limit(args.limit)
     older = parse_duration(args.older_than, "--older-than") if args.older_than else None
-    with db.connect(url, autocommit=True) as conn, conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(
-            "SELECT effect_id, kind, state::text AS state, age, state_since, instance_id,"
-            " block_id, attempt, epoch, handler, idempotency_key, provider_receipt_id, error,"
-            " created_at"
-            " FROM orch8.unresolved_effects"
-            " WHERE tenant_id = %(tenant)s AND (%(kind)s::text IS NULL OR kind = %(kind)s)"
-            " AND (%(older)s::interval IS NULL OR age > %(older)s::interval)"
-            " ORDER BY created_at, effect_id LIMIT %(limit)s",
-            {"tenant": args.tenant, "kind": args.kind, "older": older, "limit": limit},
-        ).fetchall()
+    with db.connect(url, autocommit=True) as conn:
+        rows = sqlapi.effects.unresolved_effects(
+            conn, tenant_id=args.tenant, kind=args.kind, older_than=older, limit=limit
+        )
     if args.json:
+        hidden = ("destination_fingerprint", "request_sha256", "evidence", "continuity_id")
         out = []
         for r in rows:
-            r = dict(r)
+            r = {k: v for k, v in r.items() if k not in hidden}
             r["age_seconds"] = r.pop("age").total_seconds()
             out.append(r)
         emit(out, True, "")
@@ -90,41 +87,36 @@ def effects_unresolved(args, url: str) -> int:
 
 
 @command
-def effects_show(args, url: str) -> int:
+def effects_show(args: argparse.Namespace, url: str) -> int:
     effect_id = parse_uuid(args.id, "an effect id")
-    with db.connect(url, autocommit=True) as conn, conn.cursor(row_factory=dict_row) as cur:
-        receipt = cur.execute(
-            "SELECT r.id AS effect_id, r.tenant_id, r.instance_id, r.block_id, r.attempt,"
-            " r.epoch, r.continuity_id, r.handler, r.kind, r.state::text AS state,"
-            " r.request_sha256, r.destination_fingerprint, r.idempotency_key,"
-            " r.provider_receipt_id, r.error, r.evidence, r.created_at,"
-            " r.updated_at AS state_since, i.state::text AS instance_state"
-            " FROM orch8.effect_receipts AS r"
-            " LEFT JOIN orch8.task_instances AS i"
-            "  ON i.tenant_id = r.tenant_id AND i.id = r.instance_id"
-            " WHERE r.tenant_id = %s AND r.id = %s",
-            (args.tenant, effect_id),
-        ).fetchone()
-        if receipt is None:
+    with db.connect(url, autocommit=True) as conn:
+        found = sqlapi.effects.effect_receipt(conn, tenant_id=args.tenant, effect_id=effect_id)
+        if found is None:
             raise NotFound(
                 f"effect receipt {effect_id} not found in tenant {args.tenant!r}; "
                 f"see `orch8 effects unresolved{tenant_flag(args)}`"
             )
-        events = cur.execute(
-            "SELECT event_id, from_state::text AS from_state, to_state::text AS to_state,"
-            " actor, note, evidence, at FROM orch8.effect_receipt_events"
-            " WHERE tenant_id = %s AND receipt_id = %s ORDER BY event_id",
-            (args.tenant, effect_id),
-        ).fetchall()
-        others = cur.execute(
-            "SELECT id AS effect_id, epoch, attempt, state::text AS state, provider_receipt_id,"
-            " idempotency_key, created_at FROM orch8.effect_receipts"
-            " WHERE tenant_id = %s AND instance_id = %s AND block_id = %s AND id <> %s"
-            " ORDER BY epoch, attempt, created_at",
-            (args.tenant, receipt["instance_id"], receipt["block_id"], effect_id),
-        ).fetchall()
+        events = sqlapi.effects.receipt_events(
+            conn, tenant_id=args.tenant, receipt_ids=[effect_id]
+        )[effect_id]
+        others = sqlapi.effects.other_receipts_of_step(conn, tenant_id=args.tenant, receipt=found)
+    receipt = {
+        "effect_id": found["id"],
+        "tenant_id": args.tenant,
+        **{k: v for k, v in found.items() if k not in ("id", "updated_at", "age")},
+        "state_since": found["updated_at"],
+    }
     if args.json:
-        emit({**receipt, "events": events, "other_attempts": others}, True, "")
+        brief = (
+            "epoch",
+            "attempt",
+            "state",
+            "provider_receipt_id",
+            "idempotency_key",
+            "created_at",
+        )
+        other_attempts = [{"effect_id": o["id"], **{k: o[k] for k in brief}} for o in others]
+        emit({**receipt, "events": events, "other_attempts": other_attempts}, True, "")
         return EXIT_OK
     r = receipt
     fields = [
@@ -176,7 +168,7 @@ def effects_show(args, url: str) -> int:
                     ["effect id", "epoch", "attempt", "state", "provider receipt", "created"],
                     [
                         (
-                            o["effect_id"],
+                            o["id"],
                             o["epoch"],
                             o["attempt"],
                             o["state"],
@@ -193,7 +185,7 @@ def effects_show(args, url: str) -> int:
     if r["state"] == "unknown":
         lines.append(
             f"next: ask the provider, then `orch8 effects resolve {r['effect_id']}{t} "
-            "--state committed|verified|abandoned|compensated --evidence JSON --note TEXT`"
+            f"--state {'|'.join(rules.RESOLUTIONS['unknown'])} --evidence JSON --note TEXT`"
         )
     elif r["state"] == "dispatched":
         lines.append(
@@ -205,27 +197,25 @@ def effects_show(args, url: str) -> int:
 
 
 @command
-def effects_resolve(args, url: str) -> int:
+def effects_resolve(args: argparse.Namespace, url: str) -> int:
     effect_id = parse_uuid(args.id, "an effect id")
     evidence = _json_object(args.evidence, "--evidence")
     actor = _actor_of(args)
     with db.connect(url, autocommit=True) as conn:
-        row = effects.resolve_effect(
+        row = sqlapi.effects.resolve_effect(
             conn,
-            args.tenant,
-            effect_id,
-            args.state,
+            tenant_id=args.tenant,
+            effect_id=effect_id,
+            state=args.state,
             actor=actor,
             evidence=evidence,
             provider_receipt_id=args.provider_receipt_id,
             note=args.note,
             expected_state=args.expected_state,
         )
-        inst = conn.execute(
-            "SELECT state::text FROM orch8.task_instances WHERE tenant_id = %s AND id = %s",
-            (args.tenant, row["instance_id"]),
-        ).fetchone()
-    instance_state = inst[0] if inst else None
+        instance_state = sqlapi.instances.instance_state(
+            conn, tenant_id=args.tenant, instance_id=row["instance_id"]
+        )
     if args.json:
         emit({**row, "instance_state": instance_state}, True, "")
         return EXIT_OK
@@ -245,7 +235,7 @@ def effects_resolve(args, url: str) -> int:
     return EXIT_OK
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: Subparsers) -> None:
     eff = sub.add_parser("effects", help="effect receipts: the unresolved queue, resolution")
     effsub = eff.add_subparsers(dest="effects_command", required=True, metavar="COMMAND")
 
@@ -253,7 +243,7 @@ def add_parsers(sub) -> None:
         "unresolved", help="receipts that may have happened and nobody settled, oldest first"
     )
     unresolved.add_argument(
-        "--kind", choices=EFFECT_KINDS, default=None, help="only this effect kind"
+        "--kind", choices=rules.EFFECT_KINDS, default=None, help="only this effect kind"
     )
     unresolved.add_argument(
         "--older-than",
@@ -288,12 +278,12 @@ def add_parsers(sub) -> None:
         "--evidence",
         default=None,
         metavar="JSON",
-        help="what you looked at and found, a JSON object (required for abandoned, compensated)",
+        help=f"what you looked at and found, a JSON object (required for {NEEDS_EVIDENCE})",
     )
     resolve.add_argument("--note", default=None, metavar="TEXT")
     resolve.add_argument(
         "--expected-state",
-        choices=effects.STATES,
+        choices=rules.EFFECT_STATES,
         default=None,
         metavar="STATE",
         help="refuse (exit 4) unless the receipt is still in this state (e.g. unknown)",

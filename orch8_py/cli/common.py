@@ -7,6 +7,7 @@ unresolved effect, 4 stale (something changed meanwhile: reload and look again).
 
 from __future__ import annotations
 
+import argparse
 import functools
 import getpass
 import json
@@ -17,11 +18,18 @@ import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from .errors import EffectBlocked, InvalidInput, InvalidTransition, StaleEffect
+from ..errors import EffectBlocked, InvalidInput, InvalidTransition, Orch8Error, StaleEffect
+
+# what add_subparsers() returns (generic only to the type checker), and what a command is
+if TYPE_CHECKING:
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+else:
+    Subparsers = argparse._SubParsersAction
+Command = Callable[[argparse.Namespace, str], int]
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -42,23 +50,26 @@ def fail(message: str, code: int) -> int:
     return code
 
 
-def _with_detail(exc: BaseException) -> str:
-    """An illegal move with its DETAIL (the current state) and HINT (the allowed moves)."""
+def _with_detail(exc: Orch8Error) -> str:
+    """An illegal move with the current state and the allowed moves the engine named."""
     extra = []
-    if getattr(exc, "detail", None):
-        extra.append(exc.detail)
-    if getattr(exc, "hint", None):
+    if exc.facts.get("current_state"):
+        extra.append(f"current state: {exc.facts['current_state']}")
+    if exc.facts.get("allowed_states") is not None:
+        allowed = ", ".join(exc.facts["allowed_states"]) or "none"
+        extra.append(f"it can be resolved to: {allowed}")
+    elif exc.hint:
         extra.append(f"allowed: {exc.hint}")
     return f"{exc} ({'; '.join(extra)})" if extra else str(exc)
 
 
-def command(func: Callable[[Any, str], int]) -> Callable[[Any, str], int]:
+def command(func: Command) -> Command:
     """Map the engine's refusals to exit codes: bad input 2, blocked 3, stale 4, an illegal
     state move 1 (with the current state). Other Orch8Errors (NotFound...) go to cli.main,
     which prints them in one line with exit code 1."""
 
     @functools.wraps(func)
-    def run(args, url: str) -> int:
+    def run(args: argparse.Namespace, url: str) -> int:
         try:
             return func(args, url)
         except InvalidInput as exc:
@@ -96,7 +107,7 @@ def emit(value: Any, as_json: bool, text: str) -> None:
     print(to_json(value) if as_json else text, flush=True)
 
 
-def json_object(raw: str | None, flag: str) -> dict | None:
+def json_object(raw: str | None, flag: str) -> dict[str, Any] | None:
     """Parse a flag's JSON object (None stays None); InvalidInput in one line otherwise."""
     if raw is None:
         return None
@@ -160,14 +171,14 @@ def default_actor() -> str:
     return f"cli:{name}"
 
 
-def actor_of(args) -> str:
-    actor = getattr(args, "actor", None)
+def actor_of(args: argparse.Namespace) -> str:
+    actor: str | None = getattr(args, "actor", None)
     if actor is not None and not actor.strip():
         raise InvalidInput("--actor must not be empty")
     return actor or default_actor()
 
 
-def tenant_flag(args) -> str:
+def tenant_flag(args: argparse.Namespace) -> str:
     """`` --tenant T`` for the commands a message suggests, empty for the default tenant."""
     return "" if args.tenant == DEFAULT_TENANT else f" --tenant {args.tenant}"
 
@@ -228,13 +239,13 @@ def indent(text: str, prefix: str = "    ") -> str:
     return "\n".join(prefix + ln for ln in text.splitlines())
 
 
-def common_flags(sp) -> None:
+def common_flags(sp: argparse.ArgumentParser) -> None:
     """``--tenant`` and ``--json``, on every operator command."""
     sp.add_argument("--tenant", default=DEFAULT_TENANT, help=f"tenant (default: {DEFAULT_TENANT})")
     sp.add_argument("--json", action="store_true", help="print JSON (for scripts)")
 
 
-def actor_flag(sp) -> None:
+def actor_flag(sp: argparse.ArgumentParser) -> None:
     """``--actor``, on commands that change something and record who did it."""
     sp.add_argument(
         "--actor", default=None, help="who is doing this, recorded (default: cli:$USER)"

@@ -3,16 +3,18 @@ workflow instances."""
 
 from __future__ import annotations
 
+import argparse
 import json
-import re
+import uuid
+from collections.abc import Callable
 
-from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
-
-from . import db
-from .cli_common import (
+from .. import db, rules, sqlapi
+from ..errors import EffectBlocked, NotFound
+from ..sqlapi.base import Conn
+from .common import (
     EXIT_BLOCKED,
     EXIT_OK,
+    Subparsers,
     actor_flag,
     actor_of,
     cell,
@@ -26,57 +28,67 @@ from .cli_common import (
     table,
     tenant_flag,
 )
-from .errors import EffectBlocked, NotFound
-from .states import INSTANCE_STATES
 
 
 @command
-def instances_start(args, url: str) -> int:
+def instances_start(args: argparse.Namespace, url: str) -> int:
     data = json_object(args.data, "--data") or {}
-    with db.connect(url, autocommit=True) as conn, db.engine_errors():
-        seq = conn.execute(
-            "SELECT id, version FROM orch8.get_sequence(%s, %s, %s, %s)",
-            (args.tenant, args.namespace, args.sequence, args.version),
-        ).fetchone()
-        if seq is None or seq[0] is None:
+    with db.connect(url, autocommit=True) as conn:
+        seq = sqlapi.sequences.get_sequence(
+            conn,
+            tenant_id=args.tenant,
+            namespace=args.namespace,
+            name=args.sequence,
+            version=args.version,
+        )
+        if seq is None:
             raise NotFound(
                 f"sequence {args.namespace}/{args.sequence} not found in tenant {args.tenant!r}; "
                 "create it with `orch8 sequences create`"
             )
-        row = conn.execute(
-            "SELECT id, state::text, deduplicated FROM orch8.create_instance("
-            "%s, %s, %s, p_idempotency_key => %s, p_priority => %s)",
-            (args.tenant, seq[0], Jsonb(data), args.idempotency_key, args.priority),
-        ).fetchone()
-    result = {"id": row[0], "state": row[1], "deduplicated": row[2], "sequence_version": seq[1]}
-    note = " (existing instance for this idempotency key)" if row[2] else ""
-    emit(result, args.json, f"instance {row[0]} {row[1]}{note}")
+        made = sqlapi.instances.create_instance(
+            conn,
+            tenant_id=args.tenant,
+            sequence_id=seq["id"],
+            data=data,
+            idempotency_key=args.idempotency_key,
+            priority=args.priority,
+        )
+    result = {
+        "id": made.id,
+        "state": made.state,
+        "deduplicated": made.deduplicated,
+        "sequence_version": seq["version"],
+    }
+    note = " (existing instance for this idempotency key)" if made.deduplicated else ""
+    emit(result, args.json, f"instance {made.id} {made.state}{note}")
     return EXIT_OK
 
 
 @command
-def instances_list(args, url: str) -> int:
+def instances_list(args: argparse.Namespace, url: str) -> int:
     limit = check_limit(args.limit)
-    with db.connect(url, autocommit=True) as conn, conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(
-            "SELECT t.id, t.state::text AS state, t.requested_state::text AS requested_state,"
-            " s.namespace, s.name AS sequence, t.sequence_version, t.current_block, t.error,"
-            " t.created_at, t.updated_at"
-            " FROM orch8.task_instances AS t"
-            " JOIN orch8.sequences AS s ON s.tenant_id = t.tenant_id AND s.id = t.sequence_id"
-            " WHERE t.tenant_id = %(tenant)s"
-            " AND (%(state)s::text IS NULL OR t.state::text = %(state)s)"
-            " AND (%(seq)s::text IS NULL OR s.name = %(seq)s)"
-            " AND (%(ns)s::text IS NULL OR s.namespace = %(ns)s)"
-            " ORDER BY t.created_at DESC, t.id DESC LIMIT %(limit)s",
-            {
-                "tenant": args.tenant,
-                "state": args.state,
-                "seq": args.sequence,
-                "ns": args.namespace,
-                "limit": limit,
+    with db.connect(url, autocommit=True) as conn:
+        found = sqlapi.instances.list_instances(
+            conn,
+            tenant_id=args.tenant,
+            limit=limit,
+            state=args.state,
+            sequence=args.sequence,
+            namespace=args.namespace,
+        )
+    rows = [
+        {
+            **{k: r[k] for k in ("id", "state", "requested_state")},
+            "namespace": r["sequence_namespace"],
+            "sequence": r["sequence_name"],
+            **{
+                k: r[k]
+                for k in ("sequence_version", "current_block", "error", "created_at", "updated_at")
             },
-        ).fetchall()
+        }
+        for r in found
+    ]
     if args.json:
         emit(rows, True, "")
         return EXIT_OK
@@ -105,28 +117,31 @@ def instances_list(args, url: str) -> int:
 
 
 @command
-def instances_show(args, url: str) -> int:
+def instances_show(args: argparse.Namespace, url: str) -> int:
     instance_id = parse_uuid(args.id, "an instance id")
-    with db.connect(url, autocommit=True) as conn, conn.cursor(row_factory=dict_row) as cur:
-        inst = cur.execute(
-            "SELECT id, state::text AS state, requested_state::text AS requested_state,"
-            " current_block, error, created_at, updated_at, context"
-            " FROM orch8.task_instances WHERE tenant_id = %s AND id = %s",
-            (args.tenant, instance_id),
-        ).fetchone()
-        if inst is None:
+    with db.connect(url, autocommit=True) as conn:
+        found = sqlapi.instances.get_instance(conn, tenant_id=args.tenant, instance_id=instance_id)
+        if found is None:
             raise NotFound(f"instance {instance_id} not found in tenant {args.tenant!r}")
-        outputs = cur.execute(
-            "SELECT block_id, attempt, coalesce(sentinel, 'output') AS kind, output"
-            " FROM orch8.block_outputs WHERE tenant_id = %s AND instance_id = %s ORDER BY seq",
-            (args.tenant, instance_id),
-        ).fetchall()
-        receipts = cur.execute(
-            "SELECT id, block_id, attempt, kind, state::text AS state, provider_receipt_id,"
-            " idempotency_key, error FROM orch8.effect_receipts"
-            " WHERE tenant_id = %s AND instance_id = %s ORDER BY created_at, id",
-            (args.tenant, instance_id),
-        ).fetchall()
+        steps = sqlapi.instances.instance_outputs(
+            conn, tenant_id=args.tenant, instance_id=instance_id
+        )
+        effects = sqlapi.effects.receipts_of_instance(
+            conn, tenant_id=args.tenant, instance_id=instance_id
+        )
+    shown = ("id", "state", "requested_state", "current_block", "error", "created_at")
+    inst = {k: found[k] for k in (*shown, "updated_at", "context")}
+    outputs = [
+        {
+            "block_id": o["block_id"],
+            "attempt": o["attempt"],
+            "kind": o["sentinel"] or "output",
+            "output": o["output"],
+        }
+        for o in steps
+    ]
+    brief = ("id", "block_id", "attempt", "kind", "state", "provider_receipt_id")
+    receipts = [{k: r[k] for k in (*brief, "idempotency_key", "error")} for r in effects]
     if args.json:
         emit({**inst, "outputs": outputs, "effects": receipts}, True, "")
         return EXIT_OK
@@ -150,47 +165,48 @@ def instances_show(args, url: str) -> int:
     return EXIT_OK
 
 
-def _blocked_message(args, exc: EffectBlocked) -> str:
-    detail = getattr(exc, "detail", None) or ""
-    found = re.search(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}", detail or str(exc))
-    effect = found.group(0) if found else "EFFECT_ID"
+def _blocked_message(args: argparse.Namespace, exc: EffectBlocked) -> str:
+    effect = exc.facts.get("effect_id") or "EFFECT_ID"
     t = tenant_flag(args)
-    if " is dispatched" in str(exc):
+    if exc.facts.get("effect_state") == "dispatched":
         # Not resolvable yet: a runner may still record it, or its lease must run out.
         return (
             f"{exc}; it is still dispatched: if a runner is recording it, try again shortly; "
-            "if none is (the instance was failed by hand mid-step), mark it unknown in SQL "
-            f"with orch8.mark_effect_unknown('{args.tenant}', '{effect}', 'reason'), then "
+            "if none is (the instance was failed by hand mid-step), mark it unknown in psql "
+            f"with `{sqlapi.psql.mark_effect_unknown(args.tenant, effect)}`, then "
             f"resolve it (`orch8 effects show {effect}{t}`)"
         )
     return (
         f"{exc}; look at it with `orch8 effects show {effect}{t}`, ask the provider what "
         f"happened, record it with `orch8 effects resolve {effect}{t} "
-        "--state committed|verified|abandoned|compensated --evidence JSON --note TEXT`, "
+        f"--state {'|'.join(rules.RESOLUTIONS['unknown'])} --evidence JSON --note TEXT`, "
         "then retry"
     )
 
 
 @command
-def instances_retry(args, url: str) -> int:
+def instances_retry(args: argparse.Namespace, url: str) -> int:
     instance_id = parse_uuid(args.id, "an instance id")
-    with db.connect(url, autocommit=True) as conn, conn.cursor(row_factory=dict_row) as cur:
+    with db.connect(url, autocommit=True) as conn:
         try:
-            with db.engine_errors():
-                row = cur.execute(
-                    "SELECT outcome, block_id, effect_id, detail"
-                    " FROM orch8.retry_instance(%s, %s, %s)",
-                    (args.tenant, instance_id, actor_of(args)),
-                ).fetchone()
+            done = sqlapi.instances.retry_instance(
+                conn, tenant_id=args.tenant, instance_id=instance_id, actor=actor_of(args)
+            )
         except EffectBlocked as exc:
             return fail(_blocked_message(args, exc), EXIT_BLOCKED)
-        state = conn.execute(
-            "SELECT state::text FROM orch8.task_instances WHERE tenant_id = %s AND id = %s",
-            (args.tenant, instance_id),
-        ).fetchone()[0]
-    result = {"instance_id": instance_id, **row, "state": state}
-    block = f" (block {row['block_id']})" if row["block_id"] else ""
-    text = f"{row['outcome']}{block}: {row['detail']}\ninstance {instance_id} is now {state}"
+        state = sqlapi.instances.instance_state(
+            conn, tenant_id=args.tenant, instance_id=instance_id
+        )
+    result = {
+        "instance_id": instance_id,
+        "outcome": done.outcome,
+        "block_id": done.block_id,
+        "effect_id": done.effect_id,
+        "detail": done.detail,
+        "state": state,
+    }
+    block = f" (block {done.block_id})" if done.block_id else ""
+    text = f"{done.outcome}{block}: {done.detail}\ninstance {instance_id} is now {state}"
     emit(result, args.json, text)
     return EXIT_OK
 
@@ -201,10 +217,16 @@ _STATE_CHANGE_TEXT = {
 }
 
 
-def _state_change(args, url: str, sql: str, params: tuple, what: str, target: str) -> int:
-    instance_id = params[1]
-    with db.connect(url, autocommit=True) as conn, db.engine_errors():
-        outcome = conn.execute(sql, params).fetchone()[0]
+def _state_change(
+    args: argparse.Namespace,
+    url: str,
+    what: str,
+    target: str,
+    move: Callable[[Conn, uuid.UUID], str],
+) -> int:
+    instance_id = parse_uuid(args.id, "an instance id")
+    with db.connect(url, autocommit=True) as conn:
+        outcome = move(conn, instance_id)
     template = _STATE_CHANGE_TEXT.get(outcome, "is now {state}")
     state = target if outcome == "unchanged" else outcome
     text = f"instance {instance_id} " + template.format(what=what, state=state)
@@ -215,53 +237,55 @@ def _state_change(args, url: str, sql: str, params: tuple, what: str, target: st
 
 
 @command
-def instances_cancel(args, url: str) -> int:
-    instance_id = parse_uuid(args.id, "an instance id")
-    return _state_change(
-        args,
-        url,
-        "SELECT orch8.cancel_instance(%s, %s, %s, %s)",
-        (args.tenant, instance_id, actor_of(args), args.reason),
-        "cancel",
-        "cancelled",
+def instances_cancel(args: argparse.Namespace, url: str) -> int:
+    return _state_change(args, url, "cancel", "cancelled", _request(args, "cancel"))
+
+
+@command
+def instances_pause(args: argparse.Namespace, url: str) -> int:
+    return _state_change(args, url, "pause", "paused", _request(args, "pause"))
+
+
+def _request(args: argparse.Namespace, move: str) -> Callable[[Conn, uuid.UUID], str]:
+    actor = actor_of(args)
+    return lambda conn, instance_id: sqlapi.instances.request_instance_state(
+        conn,
+        move=move,
+        tenant_id=args.tenant,
+        instance_id=instance_id,
+        actor=actor,
+        reason=args.reason,
     )
 
 
 @command
-def instances_pause(args, url: str) -> int:
-    instance_id = parse_uuid(args.id, "an instance id")
+def instances_resume(args: argparse.Namespace, url: str) -> int:
+    actor = actor_of(args)
     return _state_change(
         args,
         url,
-        "SELECT orch8.pause_instance(%s, %s, %s, %s)",
-        (args.tenant, instance_id, actor_of(args), args.reason),
-        "pause",
-        "paused",
-    )
-
-
-@command
-def instances_resume(args, url: str) -> int:
-    instance_id = parse_uuid(args.id, "an instance id")
-    return _state_change(
-        args,
-        url,
-        "SELECT orch8.resume_instance(%s, %s, %s)",
-        (args.tenant, instance_id, actor_of(args)),
         "resume",
         "scheduled",
+        lambda conn, instance_id: sqlapi.instances.resume_instance(
+            conn, tenant_id=args.tenant, instance_id=instance_id, actor=actor
+        ),
     )
 
 
 @command
-def instances_signal(args, url: str) -> int:
+def instances_signal(args: argparse.Namespace, url: str) -> int:
     instance_id = parse_uuid(args.id, "an instance id")
     payload = json_object(args.payload, "--payload") or {}
-    with db.connect(url, autocommit=True) as conn, db.engine_errors():
-        signal_id, outcome = conn.execute(
-            "SELECT signal_id, outcome FROM orch8.send_signal(%s, %s, %s, %s, %s)",
-            (args.tenant, instance_id, args.type, Jsonb(payload), actor_of(args)),
-        ).fetchone()
+    with db.connect(url, autocommit=True) as conn:
+        sent = sqlapi.instances.send_signal(
+            conn,
+            tenant_id=args.tenant,
+            instance_id=instance_id,
+            signal_type=args.type,
+            payload=payload,
+            actor=actor_of(args),
+        )
+    signal_id, outcome = sent.signal_id, sent.outcome
     result = {
         "instance_id": instance_id,
         "signal_id": signal_id,
@@ -276,7 +300,7 @@ def instances_signal(args, url: str) -> int:
     return EXIT_OK
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: Subparsers) -> None:
     insts = sub.add_parser("instances", help="workflow instances")
     instsub = insts.add_subparsers(dest="inst_command", required=True, metavar="COMMAND")
     start = instsub.add_parser("start", help="start an instance of a sequence")
@@ -289,7 +313,7 @@ def add_parsers(sub) -> None:
     common_flags(start)
     start.set_defaults(db_func=instances_start)
     lst = instsub.add_parser("list", help="instances, newest first")
-    lst.add_argument("--state", choices=INSTANCE_STATES, default=None)
+    lst.add_argument("--state", choices=rules.INSTANCE_STATES, default=None)
     lst.add_argument("--sequence", default=None, metavar="NAME", help="only this sequence")
     lst.add_argument("--namespace", default=None, help="only sequences of this namespace")
     lst.add_argument("--limit", type=int, default=50, help="at most N rows (default 50)")

@@ -17,7 +17,7 @@ it did for a key::
 
 Charges live in memory (gone when it stops). Only ever binds loopback.
 
-    python -m orch8_py.fake_provider --port 8099
+    python -m orch8_py.demo.provider --port 8099
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 DEFAULT_PORT = 8099
@@ -147,7 +147,11 @@ class FakeProvider:
             # overflows it and the kernel resets connections (an ambiguous "unknown").
             request_queue_size = 1024
 
-            def handle_error(self, request, client_address):  # quiet on client hang-ups
+            def handle_error(  # quiet on client hang-ups
+                self,
+                request: socket.socket | tuple[bytes, socket.socket],
+                client_address: tuple[Any, ...],
+            ) -> None:
                 pass
 
         try:
@@ -205,11 +209,11 @@ def _handler_for(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"
         server_version = "orch8-fake-provider/1"
 
-        def log_message(self, format, *args):
+        def log_message(self, format: str, *args: Any) -> None:
             if provider.verbose:
                 sys.stderr.write(f"fake-provider: {self.address_string()} {format % args}\n")
 
-        def _reply(self, status: int, payload: Any, headers: dict[str, str] | None = None):
+        def _reply(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
             data = (json.dumps(payload, indent=None) + "\n").encode()
             try:
                 self.send_response(status)
@@ -223,10 +227,10 @@ def _handler_for(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
             except OSError:  # the client went away
                 self.close_connection = True
 
-        def _not_found(self, what: str):
+        def _not_found(self, what: str) -> None:
             self._reply(404, {"error": {"type": "not_found", "message": what}})
 
-        def do_POST(self):
+        def do_POST(self) -> None:
             parts = urlsplit(self.path)
             try:
                 length = int(self.headers.get("Content-Length") or 0)
@@ -251,7 +255,7 @@ def _handler_for(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
                 headers = {"Idempotent-Replayed": "true"}
             self._reply(status, reply, headers)
 
-        def do_GET(self):
+        def do_GET(self) -> None:
             parts = urlsplit(self.path)
             path = parts.path.rstrip("/")
             if path == "/health":
@@ -271,7 +275,7 @@ def _handler_for(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
                 return self._reply(200, charge)
             self._not_found(f"no route GET {parts.path}")
 
-        def _by_key(self, key: str):
+        def _by_key(self, key: str) -> None:
             charge = provider.charge_for_key(key)
             if charge is None:
                 return self._not_found(f"no charge for idempotency key {key}")
@@ -284,7 +288,7 @@ def _handler_for(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m orch8_py.fake_provider",
+        prog="python -m orch8_py.demo.provider",
         description="A fake payment provider on 127.0.0.1 (charges kept in memory).",
     )
     p.add_argument(

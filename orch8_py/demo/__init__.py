@@ -1,6 +1,6 @@
 """`orch8 demo`: the engine's promise, shown on a few orders.
 
-It starts a fake payment provider on loopback (``orch8_py.fake_provider``), stores a
+It starts a fake payment provider on loopback (``orch8_py.demo.provider``), stores a
 ``checkout`` sequence (validate, charge over ``http_request``, summary) in namespace
 ``demo`` of tenant ``default``, and runs a few orders with real ``orch8 run`` processes:
 
@@ -41,13 +41,15 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any, TextIO
 
-from psycopg.types.json import Jsonb
-
-from . import config, db
-from .errors import ConfigError, Orch8Error
-from .fake_provider import FakeProvider
+from .. import config, db, sqlapi
+from ..embedded import EmbeddedPostgres
+from ..errors import ConfigError, Orch8Error
+from ..sqlapi.base import Conn, Row
+from ..startup import database, run_migrations
+from .provider import FakeProvider
 
 TENANT = "default"
 NAMESPACE = "demo"
@@ -182,7 +184,7 @@ class Demo:
         ]
         self.orders[-1].crash = True
         self.logs = Path(tempfile.mkdtemp(prefix="orch8-demo-"))
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
         self.sequence: dict[str, Any] = {}
         self.provider: FakeProvider | None = None
         self.url = ""
@@ -194,8 +196,6 @@ class Demo:
     # --- the run --------------------------------------------------------------------
 
     def run(self) -> int:
-        from .cli import run_migrations  # here, not at the top: cli imports this module
-
         ok = False
         try:
             with _database(self.settings, self.say) as url:
@@ -221,19 +221,17 @@ class Demo:
                 shutil.rmtree(self.logs, ignore_errors=True)
         return 0
 
-    def _store_sequence(self, conn) -> None:
-        from .sequences import create_sequence
-
-        row = conn.execute(
-            "SELECT id, version FROM orch8.sequences WHERE tenant_id = %s AND namespace = %s"
-            " AND name = %s AND definition = %s ORDER BY version DESC LIMIT 1",
-            (TENANT, NAMESPACE, SEQUENCE, Jsonb(CHECKOUT)),
-        ).fetchone()
-        if row is not None:
-            seq_id, version, verb = row[0], row[1], "using"
-        else:
-            stored = create_sequence(conn, TENANT, NAMESPACE, SEQUENCE, CHECKOUT)
-            seq_id, version, verb = stored["id"], stored["version"], "created"
+    def _store_sequence(self, conn: Conn) -> None:
+        row = sqlapi.sequences.find_sequence(
+            conn, tenant_id=TENANT, namespace=NAMESPACE, name=SEQUENCE, definition=CHECKOUT
+        )
+        verb = "using"
+        if row is None:
+            row = sqlapi.sequences.create_sequence(
+                conn, tenant_id=TENANT, namespace=NAMESPACE, name=SEQUENCE, definition=CHECKOUT
+            )
+            verb = "created"
+        seq_id, version = row["id"], row["version"]
         self.sequence = {
             "tenant": TENANT,
             "namespace": NAMESPACE,
@@ -246,19 +244,17 @@ class Demo:
             "(http_request, at most once) -> summary"
         )
 
-    def _start(self, conn, order: Order) -> None:
+    def _start(self, conn: Conn, order: Order) -> None:
         assert self.provider is not None
-        order.instance_id = conn.execute(
-            "SELECT id FROM orch8.create_instance(%s, %s, %s, %s)",
-            (
-                TENANT,
-                uuid.UUID(self.sequence["id"]),
-                Jsonb({"order_id": order.order_id, "amount": order.amount, "currency": CURRENCY}),
-                Jsonb({"provider_url": self.provider.url}),
-            ),
-        ).fetchone()[0]
+        order.instance_id = sqlapi.instances.create_instance(
+            conn,
+            tenant_id=TENANT,
+            sequence_id=uuid.UUID(self.sequence["id"]),
+            data={"order_id": order.order_id, "amount": order.amount, "currency": CURRENCY},
+            config={"provider_url": self.provider.url},
+        ).id
 
-    def _crash_phase(self, conn) -> None:
+    def _crash_phase(self, conn: Conn) -> None:
         """Run the crash order alone under a runner that dies after the provider answers."""
         assert self.provider is not None
         order = self.orders[-1]
@@ -281,18 +277,13 @@ class Demo:
                 f"the crashing runner exited with code {code} instead of being killed at its "
                 f"fault point: {_last_line(log)} (log: {log})"
             )
-        row = conn.execute(
-            "SELECT id, state::text FROM orch8.effect_receipts"
-            " WHERE tenant_id = %s AND instance_id = %s AND block_id = 'charge'"
-            " ORDER BY created_at DESC LIMIT 1",
-            (TENANT, order.instance_id),
-        ).fetchone()
-        if row is None or row[1] != "dispatched":
+        row = _charge_receipt(conn, order)
+        if row is None or row["state"] != "dispatched":
             raise DemoFailed(
                 f"order {order.order_id}: expected its charge receipt in 'dispatched' after the "
-                f"crash, found {row[1] if row else 'no receipt'} (log: {log})"
+                f"crash, found {row['state'] if row else 'no receipt'} (log: {log})"
             )
-        order.effect_id = row[0]
+        order.effect_id = row["id"]
         charge = self.provider.charge_for_key(str(order.effect_id))
         seen = f"the provider charged it ({charge['id']})" if charge else "the provider was called"
         self.say(
@@ -300,7 +291,7 @@ class Demo:
             f"{seen}, the engine never recorded the answer"
         )
 
-    def _normal_phase(self, conn) -> None:
+    def _normal_phase(self, conn: Conn) -> None:
         """Start the other orders; a normal runner runs them and takes over the crashed one."""
         for order in self.orders[:-1]:
             self._start(conn, order)
@@ -313,16 +304,15 @@ class Demo:
         )
         log = self.logs / "runner.log"
         proc = self._spawn(log)
-        by_id = {o.instance_id: o for o in self.orders}
+        by_id = {o.instance_id: o for o in self.orders if o.instance_id is not None}
         deadline = time.monotonic() + FINISH_TIMEOUT
         pending = set(by_id)
         while pending:
-            rows = conn.execute(
-                "SELECT id, state::text, error FROM orch8.task_instances"
-                " WHERE tenant_id = %s AND id = ANY(%s)",
-                (TENANT, list(pending)),
-            ).fetchall()
-            for instance_id, state, error in rows:
+            rows = sqlapi.instances.instance_states(
+                conn, tenant_id=TENANT, instance_ids=list(pending)
+            )
+            for found in rows:
+                instance_id, state, error = found["id"], found["state"], found["error"]
                 if state in TERMINAL:
                     order = by_id[instance_id]
                     order.state, order.error = state, error
@@ -343,20 +333,15 @@ class Demo:
                 )
             time.sleep(0.1)
         self._stop(proc)
-        self.unresolved_total = conn.execute(
-            "SELECT count(*) FROM orch8.unresolved_effects WHERE tenant_id = %s", (TENANT,)
-        ).fetchone()[0]
+        self.unresolved_total = sqlapi.effects.unresolved_summary(conn, tenant_id=TENANT)["depth"]
 
-    def _load_receipt(self, conn, order: Order) -> None:
+    def _load_receipt(self, conn: Conn, order: Order) -> None:
         assert self.provider is not None
-        row = conn.execute(
-            "SELECT id, state::text, provider_receipt_id FROM orch8.effect_receipts"
-            " WHERE tenant_id = %s AND instance_id = %s AND block_id = 'charge'"
-            " ORDER BY created_at DESC, id LIMIT 1",
-            (TENANT, order.instance_id),
-        ).fetchone()
+        row = _charge_receipt(conn, order)
         if row is not None:
-            order.effect_id, order.receipt_state, order.provider_receipt_id = row
+            order.effect_id = row["id"]
+            order.receipt_state = row["state"]
+            order.provider_receipt_id = row["provider_receipt_id"]
         order.charges = [c["id"] for c in self.provider.charges_for_order(order.order_id)]
 
     def _announce(self, order: Order) -> None:
@@ -472,7 +457,7 @@ class Demo:
             "     orch8 effects unresolved",
             f"     orch8 effects show {effect}",
             f"   or in psql ({psql}):",
-            "     SELECT * FROM orch8.unresolved_effects;",
+            f"     {sqlapi.psql.unresolved_queue()}",
             f"   or in the console: {self._console_url()}",
             "     (in another terminal: ORCH8_ALLOW_PRIVATE_URLS=1 make run, or orch8 up;",
             "     the fake provider is on loopback, which http_request refuses by default)",
@@ -484,8 +469,12 @@ class Demo:
             f"     orch8 effects resolve {effect} --state committed \\",
             f"         --provider-receipt-id {charge_id} --evidence '{evidence}'",
             "   or in psql:",
-            f"     SELECT state FROM orch8.resolve_effect('{TENANT}', '{effect}', 'committed',",
-            f"         '{charge_id}', '{evidence}', 'you@ops');",
+            *(
+                f"     {line}"
+                for line in sqlapi.psql.resolve_effect(
+                    TENANT, effect, "committed", charge_id, evidence
+                )
+            ),
             "",
             "4. Retry the order (the engine started by `make run` / `orch8 up` runs it)",
             f"     orch8 instances retry {crash.instance_id}",
@@ -506,7 +495,7 @@ class Demo:
 
     # --- runner processes -----------------------------------------------------------
 
-    def _spawn(self, log: Path, **extra: str) -> subprocess.Popen:
+    def _spawn(self, log: Path, **extra: str) -> subprocess.Popen[bytes]:
         """`orch8 run` on the demo's database, with a short lease and private URLs allowed."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH8_")}
         env.update(
@@ -532,7 +521,7 @@ class Demo:
         return proc
 
     @staticmethod
-    def _stop(proc: subprocess.Popen) -> None:
+    def _stop(proc: subprocess.Popen[bytes]) -> None:
         if proc.poll() is not None:
             return
         proc.send_signal(signal.SIGTERM)
@@ -557,13 +546,9 @@ def _database(settings: config.Settings, say: Callable[[str], None]) -> Iterator
     ``cli.database``, an embedded server this demo started is left running when other
     clients (an `orch8 up` started meanwhile for the console) are connected to it."""
     if settings.database_url:
-        from .cli import database
-
         with database(settings, quiet=True) as url:
             yield url
         return
-    from .embedded import EmbeddedPostgres
-
     server = EmbeddedPostgres(settings.data_dir)
     url = server.start()
     verb = "started" if server.started_here else "reusing running"
@@ -586,10 +571,7 @@ def _other_clients(url: str, settle: float = 2.0) -> int:
     try:
         with db.connect(url, autocommit=True) as conn:
             while True:
-                count = conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity"
-                    " WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
-                ).fetchone()[0]
+                count = sqlapi.server.other_client_sessions(conn)
                 if count == 0 or time.monotonic() > deadline:
                     return count
                 time.sleep(0.2)
@@ -597,21 +579,25 @@ def _other_clients(url: str, settle: float = 2.0) -> int:
         return 0
 
 
-def _check_nothing_else_runs(conn) -> None:
+def _charge_receipt(conn: Conn, order: Order) -> Row | None:
+    """The latest receipt of the order's charge step."""
+    assert order.instance_id is not None
+    receipts = sqlapi.effects.receipts_of_instance(
+        conn, tenant_id=TENANT, instance_id=order.instance_id
+    )
+    charges = [r for r in receipts if r["block_id"] == "charge"]
+    return charges[-1] if charges else None
+
+
+def _check_nothing_else_runs(conn: Conn) -> None:
     """Refuse when another runner or other due work would mix with the demo's crash."""
-    runners = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-        " AND pid <> pg_backend_pid() AND query = 'LISTEN orch8_work'"
-    ).fetchone()[0]
-    if runners:
+    if sqlapi.server.runners_listening(conn):
         raise ConfigError(
             "an orch8 runner is already connected to this database (`orch8 up`, `make run` or "
             "`orch8 run`): stop it before the demo, or it would run the demo's orders itself; "
             "start it again afterwards"
         )
-    waiting = conn.execute(
-        "SELECT count(*) FROM orch8.task_instances WHERE state IN ('scheduled', 'running')"
-    ).fetchone()[0]
+    waiting = sqlapi.observe.instances_in_flight(conn)
     if waiting:
         raise ConfigError(
             f"{waiting} instance(s) in this database are scheduled or running, and the demo's "
@@ -635,7 +621,7 @@ def _sigterm_interrupts() -> Iterator[None]:
         yield
         return
 
-    def interrupt(signum, frame):
+    def interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, interrupt)

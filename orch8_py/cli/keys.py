@@ -3,11 +3,11 @@ once, when it is created; the database keeps only its SHA-256 and a short prefix
 
 from __future__ import annotations
 
-from psycopg.rows import dict_row
+import argparse
 
-from . import apikeys, db
-from .cli_common import EXIT_OK, command, common_flags, emit, parse_uuid, table, ts
-from .errors import NotFound
+from .. import apikeys, db, rules, sqlapi
+from ..errors import NotFound
+from .common import EXIT_OK, Subparsers, command, common_flags, emit, parse_uuid, table, ts
 
 WARNING = (
     "this secret is shown once and is not stored (orch8 keeps only its SHA-256): "
@@ -16,15 +16,12 @@ WARNING = (
 
 
 @command
-def api_key_create(args, url: str) -> int:
+def api_key_create(args: argparse.Namespace, url: str) -> int:
     with db.connect(url, autocommit=True) as conn:
         key_id, secret = apikeys.create(conn, args.tenant, args.role, args.name or "")
-        with conn.cursor(row_factory=dict_row) as cur:
-            row = cur.execute(
-                "SELECT id, tenant_id, name, role, key_prefix, created_at"
-                " FROM orch8.api_keys WHERE tenant_id = %s AND id = %s",
-                (args.tenant, key_id),
-            ).fetchone()
+        found = sqlapi.keys.get_api_key(conn, tenant_id=args.tenant, key_id=key_id)
+    assert found is not None  # created just now, in this connection
+    row = {k: found[k] for k in ("id", "tenant_id", "name", "role", "key_prefix", "created_at")}
     if args.json:
         emit({**row, "secret": secret, "warning": WARNING}, True, "")
         return EXIT_OK
@@ -46,9 +43,9 @@ def api_key_create(args, url: str) -> int:
 
 
 @command
-def api_key_list(args, url: str) -> int:
+def api_key_list(args: argparse.Namespace, url: str) -> int:
     with db.connect(url, autocommit=True) as conn:
-        rows = apikeys.list_keys(conn, args.tenant)
+        rows = sqlapi.keys.list_api_keys(conn, tenant_id=args.tenant)
     if args.json:
         emit(rows, True, "")
         return EXIT_OK
@@ -77,20 +74,17 @@ def api_key_list(args, url: str) -> int:
 
 
 @command
-def api_key_revoke(args, url: str) -> int:
+def api_key_revoke(args: argparse.Namespace, url: str) -> int:
     key_id = parse_uuid(args.id, "an API key id")
     with db.connect(url, autocommit=True) as conn:
-        revoked = apikeys.revoke(conn, args.tenant, key_id)
-        row = conn.execute(
-            "SELECT key_prefix, revoked_at FROM orch8.api_keys WHERE tenant_id = %s AND id = %s",
-            (args.tenant, key_id),
-        ).fetchone()
+        revoked = sqlapi.keys.revoke_api_key(conn, tenant_id=args.tenant, key_id=key_id)
+        row = sqlapi.keys.get_api_key(conn, tenant_id=args.tenant, key_id=key_id)
     if row is None:
         raise NotFound(
             f"API key {key_id} not found in tenant {args.tenant!r}; "
             "see `orch8 api-key list` (and --tenant)"
         )
-    prefix, revoked_at = row
+    prefix, revoked_at = row["key_prefix"], row["revoked_at"]
     result = {
         "id": key_id,
         "key_prefix": prefix,
@@ -106,11 +100,11 @@ def api_key_revoke(args, url: str) -> int:
     return EXIT_OK
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: Subparsers) -> None:
     keys = sub.add_parser("api-key", help="API keys for the operator service")
     keysub = keys.add_subparsers(dest="key_command", required=True, metavar="COMMAND")
     create = keysub.add_parser("create", help="create a key; its secret is printed once")
-    create.add_argument("--role", required=True, choices=apikeys.ROLES)
+    create.add_argument("--role", required=True, choices=rules.API_KEY_ROLES)
     create.add_argument("--name", default=None, help="a label (default: the role)")
     common_flags(create)
     create.set_defaults(db_func=api_key_create)

@@ -3,25 +3,32 @@ and what waits in the outbox (delivery itself runs in every runner process)."""
 
 from __future__ import annotations
 
+import argparse
 import secrets
 
-from psycopg.rows import dict_row
-
-from . import db
-from .cli_common import EXIT_OK, command, common_flags, emit, parse_uuid, table, tenant_flag
-from .errors import NotFound
-from .states import OUTBOX_STATES, WEBHOOK_EVENTS
+from .. import db, rules, sqlapi
+from ..errors import NotFound
+from .common import (
+    EXIT_OK,
+    Subparsers,
+    check_limit,
+    command,
+    common_flags,
+    emit,
+    parse_uuid,
+    table,
+    tenant_flag,
+)
 
 
 @command
-def webhooks_subscribe(args, url: str) -> int:
+def webhooks_subscribe(args: argparse.Namespace, url: str) -> int:
     secret = args.secret or secrets.token_urlsafe(32)
-    with db.connect(url, autocommit=True) as conn, db.engine_errors():
-        sub_id = conn.execute(
-            "SELECT orch8.create_webhook_subscription(%s, %s, %s, %s)",
-            (args.tenant, args.url, secret, args.events or list(WEBHOOK_EVENTS)),
-        ).fetchone()[0]
-    result = {"id": sub_id, "url": args.url, "events": args.events or list(WEBHOOK_EVENTS)}
+    with db.connect(url, autocommit=True) as conn:
+        sub_id = sqlapi.webhooks.create_subscription(
+            conn, tenant_id=args.tenant, url=args.url, secret=secret, events=args.events
+        )
+    result = {"id": sub_id, "url": args.url, "events": args.events or list(rules.WEBHOOK_EVENTS)}
     if not args.secret:
         result["secret"] = secret
     text = f"subscribed {args.url} to {', '.join(result['events'])} (subscription {sub_id})"
@@ -32,13 +39,9 @@ def webhooks_subscribe(args, url: str) -> int:
 
 
 @command
-def webhooks_list(args, url: str) -> int:
-    with db.connect(url, autocommit=True) as conn, conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(
-            "SELECT id, url, events, enabled, created_at FROM orch8.webhook_subscriptions"
-            " WHERE tenant_id = %s ORDER BY created_at",
-            (args.tenant,),
-        ).fetchall()
+def webhooks_list(args: argparse.Namespace, url: str) -> int:
+    with db.connect(url, autocommit=True) as conn:
+        rows = sqlapi.webhooks.list_subscriptions(conn, tenant_id=args.tenant)
     text = (
         table(
             ["id", "url", "events", "enabled", "created"],
@@ -54,19 +57,13 @@ def webhooks_list(args, url: str) -> int:
     return EXIT_OK
 
 
-def _set_enabled(args, url: str, enabled: bool) -> int:
+def _set_enabled(args: argparse.Namespace, url: str, enabled: bool) -> int:
     sub_id = parse_uuid(args.id, "a webhook subscription id")
     try:
-        with (
-            db.connect(url, autocommit=True) as conn,
-            conn.cursor(row_factory=dict_row) as cur,
-            db.engine_errors(),
-        ):
-            row = cur.execute(
-                "SELECT id, url, events, enabled, created_at, changed"
-                " FROM orch8.set_webhook_subscription_enabled(%s, %s, %s)",
-                (args.tenant, sub_id, enabled),
-            ).fetchone()
+        with db.connect(url, autocommit=True) as conn:
+            row = sqlapi.webhooks.set_subscription_enabled(
+                conn, tenant_id=args.tenant, subscription_id=sub_id, enabled=enabled
+            )
     except NotFound:
         raise NotFound(
             f"webhook subscription {sub_id} not found in tenant {args.tenant!r}; "
@@ -90,24 +87,23 @@ def _set_enabled(args, url: str, enabled: bool) -> int:
 
 
 @command
-def webhooks_disable(args, url: str) -> int:
+def webhooks_disable(args: argparse.Namespace, url: str) -> int:
     return _set_enabled(args, url, False)
 
 
 @command
-def webhooks_enable(args, url: str) -> int:
+def webhooks_enable(args: argparse.Namespace, url: str) -> int:
     return _set_enabled(args, url, True)
 
 
 @command
-def webhooks_outbox(args, url: str) -> int:
-    with db.connect(url, autocommit=True) as conn, conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(
-            "SELECT id, event, instance_id, state, attempts, next_attempt_at, last_status,"
-            " last_error FROM orch8.webhook_outbox WHERE tenant_id = %s"
-            " AND (%s::text IS NULL OR state = %s) ORDER BY id DESC LIMIT %s",
-            (args.tenant, args.state, args.state, args.limit),
-        ).fetchall()
+def webhooks_outbox(args: argparse.Namespace, url: str) -> int:
+    with db.connect(url, autocommit=True) as conn:
+        found = sqlapi.webhooks.list_deliveries(
+            conn, tenant_id=args.tenant, state=args.state, limit=check_limit(args.limit)
+        )
+    shown = ("id", "event", "instance_id", "state", "attempts", "next_attempt_at")
+    rows = [{k: r[k] for k in (*shown, "last_status", "last_error")} for r in found]
     text = (
         table(
             ["id", "event", "instance", "state", "attempts", "next attempt", "last"],
@@ -131,7 +127,7 @@ def webhooks_outbox(args, url: str) -> int:
     return EXIT_OK
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: Subparsers) -> None:
     hooks = sub.add_parser("webhooks", help="webhook subscriptions and the outbox")
     hooksub = hooks.add_subparsers(dest="hook_command", required=True, metavar="COMMAND")
     subscribe = hooksub.add_parser("subscribe", help="send instance events to a URL, signed")
@@ -140,7 +136,7 @@ def add_parsers(sub) -> None:
         "--event",
         dest="events",
         action="append",
-        choices=WEBHOOK_EVENTS,
+        choices=rules.WEBHOOK_EVENTS,
         help="repeatable; default both",
     )
     subscribe.add_argument("--secret", default=None, help="signing secret (default: generated)")
@@ -162,7 +158,7 @@ def add_parsers(sub) -> None:
     common_flags(enable)
     enable.set_defaults(db_func=webhooks_enable)
     outbox = hooksub.add_parser("outbox", help="deliveries, newest first")
-    outbox.add_argument("--state", choices=OUTBOX_STATES)
+    outbox.add_argument("--state", choices=rules.OUTBOX_STATES)
     outbox.add_argument("--limit", type=int, default=50)
     common_flags(outbox)
     outbox.set_defaults(db_func=webhooks_outbox)

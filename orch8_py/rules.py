@@ -1,0 +1,169 @@
+"""The engine's rules as the database defines them, for Python code that needs them
+without a connection (argparse choices, request models, the OpenAPI document, templates).
+
+GENERATED from a migrated database by `make rules` (orch8_py/sqlapi/catalog.py): do not
+edit. The definitions are in sql/migrations/ and sql/functions/ (docs/SQL_API.md);
+tests/test_rules.py fails when this file is stale.
+"""
+# ruff: noqa: E501
+# fmt: off
+
+INSTANCE_STATES = ('scheduled', 'running', 'waiting', 'paused', 'completed', 'failed', 'cancelled')
+
+EFFECT_STATES = ('planned',
+ 'prepared',
+ 'dispatched',
+ 'committed',
+ 'unknown',
+ 'verified',
+ 'compensated',
+ 'abandoned')
+
+EFFECT_KINDS = ('http', 'model', 'message', 'storage', 'custom', 'worker')
+
+WEBHOOK_EVENTS = ('instance.completed', 'instance.failed')
+
+OUTBOX_STATES = ('pending', 'delivering', 'delivered', 'parked', 'discarded')
+
+API_KEY_ROLES = ('operator', 'worker', 'auditor', 'admin')
+
+EFFECT_TRANSITIONS = {'planned': ('prepared', 'abandoned'),
+ 'prepared': ('dispatched', 'abandoned'),
+ 'dispatched': ('committed', 'unknown'),
+ 'committed': ('compensated',),
+ 'unknown': ('committed', 'verified', 'compensated', 'abandoned'),
+ 'verified': ('compensated',)}
+
+INSTANCE_TRANSITIONS = {'scheduled': ('running', 'paused', 'cancelled'),
+ 'running': ('scheduled', 'waiting', 'paused', 'completed', 'failed', 'cancelled'),
+ 'waiting': ('scheduled', 'paused', 'failed', 'cancelled'),
+ 'paused': ('scheduled', 'cancelled'),
+ 'failed': ('scheduled', 'completed')}
+
+RESOLUTIONS = {'committed': ('compensated',),
+ 'unknown': ('committed', 'verified', 'compensated', 'abandoned'),
+ 'verified': ('compensated',)}
+
+RESOLUTIONS_NEEDING_EVIDENCE = ('abandoned', 'compensated')
+
+LIMITS = {'block_id_chars': 200,
+ 'context_bytes': 262144,
+ 'error_chars': 2000,
+ 'idempotency_key_bytes': 256,
+ 'note_bytes': 2000,
+ 'provider_receipt_id_bytes': 256,
+ 'retry_max_attempts': 100,
+ 'sequence_blocks': 5000,
+ 'state_key_bytes': 256,
+ 'state_value_bytes': 262144}
+
+PATTERNS = {'identifier': {'pattern': '^[A-Za-z0-9_.-]{1,100}$',
+                'rule': '1 to 100 characters among A-Z a-z 0-9 _ . -'},
+ 'sequence_name': {'pattern': '^[A-Za-z0-9_.-]{1,200}$',
+                   'rule': '1 to 200 characters among A-Z a-z 0-9 _ . -'},
+ 'signal_type': {'pattern': '^[A-Za-z0-9_.:-]{1,100}$',
+                 'rule': '1 to 100 characters among A-Z a-z 0-9 _ . : -'},
+ 'webhook_url': {'pattern': '^[Hh][Tt][Tt][Pp][Ss]?://[^/?#\\x00\\t\\n\\x0B\\f\\r '
+                            '\\x85\\xA0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000\\uFEFF]+[^\\x00\\t\\n\\x0B\\f\\r '
+                            '\\x85\\xA0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000\\uFEFF]*$',
+                 'rule': 'an http:// or https:// URL with a host (no spaces)'}}
+
+TEMPLATE_ROOTS = ('data', 'config', 'outputs', 'instance_id', 'runtime')
+
+TEMPLATE_PLACEHOLDER = '\\{\\{(.*?)\\}\\}'
+
+TEMPLATE_EXPRESSION = "^(data|config|outputs|instance_id|runtime)((?:\\.[A-Za-z0-9_-]+)*)(?:\\s*\\|\\s*'([^']*)')?$"
+
+BUILTIN_HANDLERS = {'agent': {'side_effects': True, 'kind': 'model', 'implemented': False},
+ 'assert': {'side_effects': False, 'kind': None, 'implemented': True},
+ 'blob_get': {'side_effects': False, 'kind': None, 'implemented': False},
+ 'blob_put': {'side_effects': True, 'kind': 'storage', 'implemented': False},
+ 'delete_state': {'side_effects': False, 'kind': None, 'implemented': True},
+ 'embed': {'side_effects': True, 'kind': 'model', 'implemented': False},
+ 'emit_event': {'side_effects': True, 'kind': 'message', 'implemented': False},
+ 'fail': {'side_effects': False, 'kind': None, 'implemented': True},
+ 'get_state': {'side_effects': False, 'kind': None, 'implemented': True},
+ 'http_request': {'side_effects': True, 'kind': 'http', 'implemented': True},
+ 'human_review': {'side_effects': False, 'kind': None, 'implemented': False},
+ 'llm_call': {'side_effects': True, 'kind': 'model', 'implemented': True},
+ 'log': {'side_effects': False, 'kind': None, 'implemented': True},
+ 'mcp_call': {'side_effects': True, 'kind': 'custom', 'implemented': False},
+ 'memory_delete': {'side_effects': True, 'kind': 'storage', 'implemented': False},
+ 'memory_search': {'side_effects': False, 'kind': None, 'implemented': False},
+ 'memory_store': {'side_effects': True, 'kind': 'storage', 'implemented': False},
+ 'merge_state': {'side_effects': False, 'kind': None, 'implemented': True},
+ 'noop': {'side_effects': False, 'kind': None, 'implemented': True},
+ 'query_instance': {'side_effects': False, 'kind': None, 'implemented': False},
+ 'self_modify': {'side_effects': True, 'kind': 'custom', 'implemented': False},
+ 'send_signal': {'side_effects': True, 'kind': 'message', 'implemented': False},
+ 'set_state': {'side_effects': False, 'kind': None, 'implemented': True},
+ 'sleep': {'side_effects': False, 'kind': None, 'implemented': True},
+ 'tool_call': {'side_effects': True, 'kind': 'custom', 'implemented': True},
+ 'transform': {'side_effects': False, 'kind': None, 'implemented': True},
+ 'wait_for_event': {'side_effects': False, 'kind': None, 'implemented': False}}
+
+SEQUENCE_LANGUAGE = (('definition', 'blocks', True, 'a non-empty array of blocks, run in order'),
+ ('definition', 'invariants', True, 'declared invariants'),
+ ('definition', 'interceptors', False, 'not supported yet'),
+ ('definition', 'input_schema', False, 'not supported yet'),
+ ('definition', 'output_schema', False, 'not supported yet'),
+ ('definition', 'sla', False, 'not supported yet'),
+ ('definition', 'on_failure', False, 'not supported yet'),
+ ('definition', 'on_cancel', False, 'not supported yet'),
+ ('definition', 'deprecated', False, 'not supported yet'),
+ ('definition', 'status', False, 'not supported yet'),
+ ('definition', 'id', False, 'set by create_sequence, not by the document'),
+ ('definition', 'tenant_id', False, 'set by create_sequence, not by the document'),
+ ('definition', 'namespace', False, 'set by create_sequence, not by the document'),
+ ('definition', 'name', False, 'set by create_sequence, not by the document'),
+ ('definition', 'version', False, 'set by create_sequence, not by the document'),
+ ('definition', 'created_at', False, 'set by create_sequence, not by the document'),
+ ('block_type', 'step', True, 'runs one handler'),
+ ('block_type', 'parallel', False, 'not supported yet'),
+ ('block_type', 'race', False, 'not supported yet'),
+ ('block_type', 'loop', False, 'not supported yet'),
+ ('block_type', 'for_each', False, 'not supported yet'),
+ ('block_type', 'router', False, 'not supported yet'),
+ ('block_type', 'try_catch', False, 'not supported yet'),
+ ('block_type', 'sub_sequence', False, 'not supported yet'),
+ ('block_type', 'saga', False, 'not supported yet'),
+ ('block_type', 'a_b_split', False, 'not supported yet'),
+ ('block_type', 'cancellation_scope', False, 'not supported yet'),
+ ('step', 'type', True, 'step'),
+ ('step', 'id', True, 'unique among the blocks'),
+ ('step', 'handler', True, 'the handler to run'),
+ ('step', 'params', True, "the handler's parameters, with {{ }} templates"),
+ ('step', 'timeout', True, 'milliseconds the handler may run'),
+ ('step', 'retry', True, 'the retry policy'),
+ ('step', 'delay', False, 'not supported yet'),
+ ('step', 'rate_limit_key', False, 'not supported yet'),
+ ('step', 'send_window', False, 'not supported yet'),
+ ('step', 'context_access', False, 'not supported yet'),
+ ('step', 'cancellable', False, 'not supported yet'),
+ ('step', 'wait_for_input', False, 'not supported yet'),
+ ('step', 'queue_name', False, 'not supported yet'),
+ ('step', 'deadline', False, 'not supported yet'),
+ ('step', 'on_deadline_breach', False, 'not supported yet'),
+ ('step', 'fallback_handler', False, 'not supported yet'),
+ ('step', 'cache_key', False, 'not supported yet'),
+ ('step', 'output_schema', False, 'not supported yet'),
+ ('step', 'when', False, 'not supported yet'),
+ ('step', 'compensation', False, 'not supported yet'),
+ ('retry', 'max_attempts', True, 'attempts in all, the first included'),
+ ('retry', 'initial_backoff', True, 'milliseconds before the second attempt'),
+ ('retry', 'max_backoff', True, 'the longest wait, in milliseconds'),
+ ('retry', 'backoff_multiplier', True, 'how the wait grows per attempt'),
+ ('retry', 'non_retryable_codes', True, 'error codes that fail the step at once'),
+ ('retry', 'retry_if', False, 'not supported yet'),
+ ('invariant', 'name', True, 'unique among the invariants'),
+ ('invariant', 'type', True, 'the rule'),
+ ('invariant', 'kind', True, 'the effect kind it guards'),
+ ('invariant', 'commit_guard', True, 'checked before dispatch'),
+ ('invariant_type',
+  'effect_at_most_once',
+  True,
+  'a commit guard: identical content of this kind is dispatched at most once'),
+ ('invariant_type', 'no_unknown_effects', False, 'not supported yet'),
+ ('invariant_type', 'terminal_state_in', False, 'not supported yet'),
+ ('invariant_type', 'output_path_present', False, 'not supported yet'))
+# fmt: on

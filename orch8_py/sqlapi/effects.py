@@ -1,0 +1,248 @@
+"""The effect ledger: beginning and settling a side effect, the operator's resolution, and
+the reads every front end shows (one receipt, its history, an instance's receipts, the
+unresolved queue)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+from .base import Conn, Jsonb, Row, all_rows, first, objects, one
+from .steps import Outcome
+
+# The columns of a receipt as every front end shows it (orch8.effect_receipt_overview).
+RECEIPT = (
+    "id, continuity_id, epoch, instance_id, block_id, attempt, kind, state::text AS state,"
+    " handler, destination_fingerprint, request_sha256, idempotency_key, provider_receipt_id,"
+    " error, evidence, created_at, updated_at"
+)
+
+
+def _outcome(conn: Conn, call: str, params: dict[str, Any]) -> Outcome:
+    return objects(
+        conn,
+        Outcome,
+        "SELECT outcome, effect_id, state::text AS state, kind, block_id, attempt,"
+        f" invariant_id, competing_effect_id, detail FROM {call}",
+        params,
+    )[0]
+
+
+def begin_effect(
+    conn: Conn,
+    *,
+    tenant_id: str,
+    instance_id: uuid.UUID,
+    block_id: str,
+    handler: str,
+    params: dict[str, Any],
+    attempt: int,
+) -> Outcome:
+    """Write the receipt and move it to dispatched; ``outcome`` is None for a pure handler,
+    else dispatched, blocked, duplicate or stale (returned, never raised)."""
+    return _outcome(
+        conn,
+        "orch8.begin_effect(p_tenant_id => %(tenant)s, p_instance_id => %(instance)s,"
+        " p_block_id => %(block)s, p_handler => %(handler)s, p_params => %(params)s,"
+        " p_attempt => %(attempt)s)",
+        {
+            "tenant": tenant_id,
+            "instance": instance_id,
+            "block": block_id,
+            "handler": handler,
+            "params": Jsonb(params),
+            "attempt": attempt,
+        },
+    )
+
+
+def commit_effect(conn: Conn, *, tenant_id: str, effect_id: uuid.UUID, output: Any) -> Outcome:
+    return _outcome(
+        conn,
+        "orch8.commit_effect(p_tenant_id => %(tenant)s, p_id => %(id)s, p_output => %(output)s)",
+        {"tenant": tenant_id, "id": effect_id, "output": Jsonb(output)},
+    )
+
+
+def mark_effect_unknown(conn: Conn, *, tenant_id: str, effect_id: uuid.UUID, error: str) -> Outcome:
+    return _outcome(
+        conn,
+        "orch8.mark_effect_unknown(p_tenant_id => %(tenant)s, p_id => %(id)s,"
+        " p_error => %(error)s)",
+        {"tenant": tenant_id, "id": effect_id, "error": error},
+    )
+
+
+def abandon_effect_not_applied(
+    conn: Conn, *, tenant_id: str, effect_id: uuid.UUID, evidence: dict[str, Any]
+) -> Outcome:
+    return _outcome(
+        conn,
+        "orch8.abandon_effect_not_applied(p_tenant_id => %(tenant)s, p_id => %(id)s,"
+        " p_evidence => %(evidence)s)",
+        {"tenant": tenant_id, "id": effect_id, "evidence": Jsonb(evidence)},
+    )
+
+
+def resolve_effect(
+    conn: Conn,
+    *,
+    tenant_id: str,
+    effect_id: uuid.UUID,
+    state: str,
+    actor: str,
+    evidence: dict[str, Any] | None = None,
+    provider_receipt_id: str | None = None,
+    note: str | None = None,
+    expected_state: str | None = None,
+) -> Row:
+    """The operator path (orch8.resolve_effect); the resolved receipt. Raises
+    InvalidTransition, InvalidInput, NotFound or StaleEffect ("reload before resolving"),
+    each with the current state in ``facts``."""
+    return one(
+        conn,
+        f"SELECT {RECEIPT} FROM orch8.resolve_effect(p_tenant_id => %(tenant)s,"
+        " p_id => %(id)s, p_state => %(state)s::orch8.effect_state,"
+        " p_provider_receipt_id => %(receipt)s, p_evidence => %(evidence)s,"
+        " p_actor => %(actor)s, p_note => %(note)s,"
+        " p_expected_state => %(expected)s::orch8.effect_state)",
+        {
+            "tenant": tenant_id,
+            "id": effect_id,
+            "state": state,
+            "receipt": provider_receipt_id,
+            "evidence": Jsonb(evidence or {}),
+            "actor": actor,
+            "note": note,
+            "expected": expected_state,
+        },
+    )
+
+
+# --- reads --------------------------------------------------------------------------------
+
+
+def effect_receipt(conn: Conn, *, tenant_id: str, effect_id: uuid.UUID) -> Row | None:
+    """One receipt with its age and its instance's state, or None."""
+    return first(
+        conn,
+        f"SELECT {RECEIPT}, age, instance_state::text AS instance_state"
+        " FROM orch8.effect_receipt_overview WHERE tenant_id = %(tenant)s AND id = %(id)s",
+        {"tenant": tenant_id, "id": effect_id},
+    )
+
+
+def receipts_of_instance(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID) -> list[Row]:
+    return all_rows(
+        conn,
+        f"SELECT {RECEIPT} FROM orch8.effect_receipts"
+        " WHERE tenant_id = %(tenant)s AND instance_id = %(instance)s ORDER BY created_at, id",
+        {"tenant": tenant_id, "instance": instance_id},
+    )
+
+
+def receipts_of_continuity(
+    conn: Conn, *, tenant_id: str, continuity_id: uuid.UUID
+) -> list[Row] | None:
+    """A ledger scope's receipts in order; None when there is no such scope."""
+    scope = first(
+        conn,
+        "SELECT 1 AS found FROM orch8.continuity_executions"
+        " WHERE tenant_id = %(tenant)s AND continuity_id = %(id)s",
+        {"tenant": tenant_id, "id": continuity_id},
+    )
+    if scope is None:
+        return None
+    return all_rows(
+        conn,
+        f"SELECT {RECEIPT} FROM orch8.effect_receipts"
+        " WHERE tenant_id = %(tenant)s AND continuity_id = %(id)s ORDER BY created_at, id",
+        {"tenant": tenant_id, "id": continuity_id},
+    )
+
+
+def other_receipts_of_step(conn: Conn, *, tenant_id: str, receipt: Row) -> list[Row]:
+    """The other receipts of the same (instance, block): earlier and later attempts."""
+    return all_rows(
+        conn,
+        f"SELECT {RECEIPT} FROM orch8.effect_receipts"
+        " WHERE tenant_id = %(tenant)s AND instance_id = %(instance)s"
+        " AND block_id = %(block)s AND id <> %(id)s ORDER BY epoch, attempt, created_at",
+        {
+            "tenant": tenant_id,
+            "instance": receipt["instance_id"],
+            "block": receipt["block_id"],
+            "id": receipt["id"],
+        },
+    )
+
+
+def receipt_events(
+    conn: Conn, *, tenant_id: str, receipt_ids: list[uuid.UUID]
+) -> dict[uuid.UUID, list[Row]]:
+    """The history of each receipt (effect_receipt_events), oldest first."""
+    events: dict[uuid.UUID, list[Row]] = {rid: [] for rid in receipt_ids}
+    if not receipt_ids:
+        return events
+    for row in all_rows(
+        conn,
+        "SELECT receipt_id, event_id, from_state::text AS from_state,"
+        " to_state::text AS to_state, actor, note, evidence, at"
+        " FROM orch8.effect_receipt_events"
+        " WHERE tenant_id = %(tenant)s AND receipt_id = ANY(%(ids)s) ORDER BY event_id",
+        {"tenant": tenant_id, "ids": receipt_ids},
+    ):
+        events.setdefault(row.pop("receipt_id"), []).append(row)
+    return events
+
+
+def invariant_results(conn: Conn, *, tenant_id: str, effect_id: uuid.UUID) -> list[Row]:
+    """The guard decisions that name the receipt, as the dispatched one or the competing one."""
+    return all_rows(
+        conn,
+        "SELECT r.id, r.invariant_id, w.name AS invariant_name, w.rule, r.status,"
+        " r.effect_id, r.competing_effect_id, r.instance_id, r.block_id, r.epoch,"
+        " r.evidence, r.created_at"
+        " FROM orch8.invariant_results AS r"
+        " LEFT JOIN orch8.workflow_invariants AS w"
+        "   ON w.tenant_id = r.tenant_id AND w.id = r.invariant_id"
+        " WHERE r.tenant_id = %(tenant)s"
+        " AND (r.effect_id = %(id)s OR r.competing_effect_id = %(id)s)"
+        " ORDER BY r.id",
+        {"tenant": tenant_id, "id": effect_id},
+    )
+
+
+def unresolved_effects(
+    conn: Conn,
+    *,
+    tenant_id: str,
+    kind: str | None = None,
+    older_than: dt.timedelta | None = None,
+    limit: int,
+) -> list[Row]:
+    """The operator queue (orch8.unresolved_effects), oldest first."""
+    return all_rows(
+        conn,
+        "SELECT effect_id, kind, state::text AS state, age, state_since, instance_id,"
+        " block_id, attempt, epoch, continuity_id, handler, destination_fingerprint,"
+        " request_sha256, idempotency_key, provider_receipt_id, error, evidence, created_at"
+        " FROM orch8.unresolved_effects"
+        " WHERE tenant_id = %(tenant)s AND (%(kind)s::text IS NULL OR kind = %(kind)s)"
+        " AND (%(older)s::interval IS NULL OR age > %(older)s::interval)"
+        " ORDER BY created_at, effect_id LIMIT %(limit)s",
+        {"tenant": tenant_id, "kind": kind, "older": older_than, "limit": limit},
+    )
+
+
+def unresolved_summary(conn: Conn, *, tenant_id: str) -> Row:
+    """The queue's depth, by state, and the age of its oldest receipt."""
+    return one(
+        conn,
+        "SELECT count(*) AS depth, max(age) AS oldest,"
+        " count(*) FILTER (WHERE state = 'unknown') AS unknown,"
+        " count(*) FILTER (WHERE state = 'dispatched') AS dispatched"
+        " FROM orch8.unresolved_effects WHERE tenant_id = %(tenant)s",
+        {"tenant": tenant_id},
+    )

@@ -1,0 +1,295 @@
+"""Instances: starting one, the operator's moves (cancel, pause, resume, signal, retry),
+and the reads every front end shows (orch8.instance_overview, outputs, the audit trail,
+signals, counts)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from .base import Conn, Jsonb, Row, all_rows, first, objects, value
+
+# An instance as the lists show it (orch8.instance_overview).
+SUMMARY = (
+    "id, sequence_id, sequence_namespace, sequence_name, sequence_version,"
+    " state::text AS state, requested_state::text AS requested_state, current_block,"
+    " priority, idempotency_key, parent_instance_id, error, next_fire_at, created_at,"
+    " updated_at"
+)
+DETAIL = SUMMARY + ", context, lease_owner, lease_expires_at"
+
+
+@dataclass(frozen=True)
+class Created:
+    id: uuid.UUID
+    state: str
+    deduplicated: bool
+
+
+@dataclass(frozen=True)
+class Retried:
+    """orch8.retry_instance: completed_from_evidence or rerun, and for which block."""
+
+    outcome: str
+    block_id: str | None
+    effect_id: uuid.UUID | None
+    detail: str
+
+
+@dataclass(frozen=True)
+class Signalled:
+    signal_id: int
+    outcome: str
+
+
+def create_instance(
+    conn: Conn,
+    *,
+    tenant_id: str,
+    sequence_id: uuid.UUID,
+    data: dict[str, Any] | None = None,
+    config: dict[str, Any] | None = None,
+    priority: int = 0,
+    idempotency_key: str | None = None,
+    next_fire_at: dt.datetime | None = None,
+) -> Created:
+    return objects(
+        conn,
+        Created,
+        "SELECT id, state::text AS state, deduplicated FROM orch8.create_instance("
+        "p_tenant_id => %(tenant)s, p_sequence_id => %(sequence)s, p_data => %(data)s,"
+        " p_config => %(config)s, p_priority => %(priority)s::integer,"
+        " p_idempotency_key => %(key)s, p_next_fire_at => %(at)s)",
+        {
+            "tenant": tenant_id,
+            "sequence": sequence_id,
+            "data": Jsonb(data or {}),
+            "config": Jsonb(config or {}),
+            "priority": priority,
+            "key": idempotency_key,
+            "at": next_fire_at,
+        },
+    )[0]
+
+
+def create_instances(conn: Conn, *, tenant_id: str, sequence_id: uuid.UUID, count: int) -> int:
+    """Start ``count`` instances of one sequence whose data is {"n": 1..count} (the bench)."""
+    created: int = value(
+        conn,
+        "SELECT count(*) FROM generate_series(1, %(count)s) AS g,"
+        " LATERAL orch8.create_instance(p_tenant_id => %(tenant)s,"
+        " p_sequence_id => %(sequence)s, p_data => jsonb_build_object('n', g)) AS ci",
+        {"tenant": tenant_id, "sequence": sequence_id, "count": count},
+    )
+    return created
+
+
+def get_instance(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID) -> Row | None:
+    return first(
+        conn,
+        f"SELECT {DETAIL} FROM orch8.instance_overview"
+        " WHERE tenant_id = %(tenant)s AND id = %(id)s",
+        {"tenant": tenant_id, "id": instance_id},
+    )
+
+
+def instance_state(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID) -> str | None:
+    state: str | None = value(
+        conn,
+        "SELECT state::text FROM orch8.task_instances WHERE tenant_id = %(tenant)s AND id = %(id)s",
+        {"tenant": tenant_id, "id": instance_id},
+    )
+    return state
+
+
+def instance_states(conn: Conn, *, tenant_id: str, instance_ids: list[uuid.UUID]) -> list[Row]:
+    """(id, state, error) of several instances (the demo waits on them)."""
+    return all_rows(
+        conn,
+        "SELECT id, state::text AS state, error FROM orch8.task_instances"
+        " WHERE tenant_id = %(tenant)s AND id = ANY(%(ids)s)",
+        {"tenant": tenant_id, "ids": instance_ids},
+    )
+
+
+def list_instances(
+    conn: Conn,
+    *,
+    tenant_id: str,
+    limit: int,
+    state: str | None = None,
+    sequence: str | None = None,
+    namespace: str | None = None,
+    created_after: dt.datetime | None = None,
+    created_before: dt.datetime | None = None,
+    older_than: tuple[dt.datetime, uuid.UUID] | None = None,
+    newer_than: tuple[dt.datetime, uuid.UUID] | None = None,
+) -> list[Row]:
+    """Newest first, keyset-paged on (created_at, id): ``older_than`` is a page of instances
+    older than that key; ``newer_than`` the nearest newer ones (still newest first)."""
+    if older_than is not None and newer_than is not None:
+        raise ValueError("give older_than or newer_than, not both")
+    order = "ASC" if newer_than is not None else "DESC"
+    key = older_than or newer_than
+    rows = all_rows(
+        conn,
+        f"SELECT {SUMMARY} FROM orch8.instance_overview"
+        " WHERE tenant_id = %(tenant)s"
+        " AND (%(state)s::text IS NULL OR state = %(state)s::orch8.instance_state)"
+        " AND (%(sequence)s::text IS NULL OR sequence_name = %(sequence)s)"
+        " AND (%(namespace)s::text IS NULL OR sequence_namespace = %(namespace)s)"
+        " AND (%(after)s::timestamptz IS NULL OR created_at >= %(after)s)"
+        " AND (%(before)s::timestamptz IS NULL OR created_at < %(before)s)"
+        " AND (%(older)s::boolean IS NOT true OR (created_at, id) < (%(k_at)s, %(k_id)s))"
+        " AND (%(newer)s::boolean IS NOT true OR (created_at, id) > (%(k_at)s, %(k_id)s))"
+        f" ORDER BY created_at {order}, id {order} LIMIT %(limit)s",
+        {
+            "tenant": tenant_id,
+            "state": state,
+            "sequence": sequence,
+            "namespace": namespace,
+            "after": created_after,
+            "before": created_before,
+            "older": older_than is not None,
+            "newer": newer_than is not None,
+            "k_at": key[0] if key else None,
+            "k_id": key[1] if key else None,
+            "limit": limit,
+        },
+    )
+    if newer_than is not None:
+        rows.reverse()
+    return rows
+
+
+def instance_outputs(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID) -> list[Row]:
+    """Every block_outputs row of the instance, in order."""
+    return all_rows(
+        conn,
+        "SELECT seq, block_id, attempt, sentinel, output, retryable, effect_id, created_at"
+        " FROM orch8.block_outputs WHERE tenant_id = %(tenant)s AND instance_id = %(id)s"
+        " ORDER BY seq",
+        {"tenant": tenant_id, "id": instance_id},
+    )
+
+
+def instance_audit(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID) -> list[Row]:
+    """The instance's transitions (orch8.instance_transitions), in order."""
+    return all_rows(
+        conn,
+        "SELECT seq, from_state::text AS from_state, to_state::text AS to_state, actor,"
+        " reason, at FROM orch8.instance_transitions"
+        " WHERE tenant_id = %(tenant)s AND instance_id = %(id)s ORDER BY seq",
+        {"tenant": tenant_id, "id": instance_id},
+    )
+
+
+def instance_signals(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID) -> list[Row]:
+    return all_rows(
+        conn,
+        "SELECT id, signal_type::text AS type, payload, actor, outcome, created_at"
+        " FROM orch8.instance_signals WHERE tenant_id = %(tenant)s AND instance_id = %(id)s"
+        " ORDER BY id",
+        {"tenant": tenant_id, "id": instance_id},
+    )
+
+
+def count_by_state(conn: Conn, *, tenant_id: str) -> dict[str, int]:
+    """Instances of the tenant per state, every state present (zero when none)."""
+    rows = all_rows(
+        conn,
+        "SELECT s.state::text AS state, count(t.id) AS n"
+        " FROM unnest(enum_range(NULL::orch8.instance_state)) AS s (state)"
+        " LEFT JOIN orch8.task_instances AS t ON t.tenant_id = %(tenant)s AND t.state = s.state"
+        " GROUP BY s.state ORDER BY s.state",
+        {"tenant": tenant_id},
+    )
+    return {r["state"]: r["n"] for r in rows}
+
+
+def recent_failures(conn: Conn, *, tenant_id: str, limit: int) -> list[Row]:
+    return all_rows(
+        conn,
+        "SELECT id, error, updated_at FROM orch8.task_instances"
+        " WHERE tenant_id = %(tenant)s AND state = 'failed'"
+        " ORDER BY updated_at DESC, id DESC LIMIT %(limit)s",
+        {"tenant": tenant_id, "limit": limit},
+    )
+
+
+# --- the operator's moves -------------------------------------------------------------------
+
+_REQUESTS = {
+    "cancel": "orch8.cancel_instance",
+    "pause": "orch8.pause_instance",
+}
+
+
+def request_instance_state(
+    conn: Conn,
+    *,
+    move: str,
+    tenant_id: str,
+    instance_id: uuid.UUID,
+    actor: str,
+    reason: str | None = None,
+) -> str:
+    """cancel or pause: the new state, ``requested`` (a running instance, at its next step
+    boundary) or ``unchanged``."""
+    outcome: str = value(
+        conn,
+        f"SELECT {_REQUESTS[move]}(p_tenant_id => %(tenant)s, p_instance_id => %(id)s,"
+        " p_actor => %(actor)s, p_reason => %(reason)s)",
+        {"tenant": tenant_id, "id": instance_id, "actor": actor, "reason": reason},
+    )
+    return outcome
+
+
+def resume_instance(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID, actor: str) -> str:
+    """scheduled, or running (a pending pause withdrawn)."""
+    outcome: str = value(
+        conn,
+        "SELECT orch8.resume_instance(p_tenant_id => %(tenant)s, p_instance_id => %(id)s,"
+        " p_actor => %(actor)s)",
+        {"tenant": tenant_id, "id": instance_id, "actor": actor},
+    )
+    return outcome
+
+
+def send_signal(
+    conn: Conn,
+    *,
+    tenant_id: str,
+    instance_id: uuid.UUID,
+    signal_type: str,
+    payload: dict[str, Any],
+    actor: str,
+) -> Signalled:
+    return objects(
+        conn,
+        Signalled,
+        "SELECT signal_id, outcome FROM orch8.send_signal(p_tenant_id => %(tenant)s,"
+        " p_instance_id => %(id)s, p_signal_type => %(type)s, p_payload => %(payload)s,"
+        " p_actor => %(actor)s)",
+        {
+            "tenant": tenant_id,
+            "id": instance_id,
+            "type": signal_type,
+            "payload": Jsonb(payload),
+            "actor": actor,
+        },
+    )[0]
+
+
+def retry_instance(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID, actor: str) -> Retried:
+    """Retry a failed instance; the receipt that stopped it decides (orch8.retry_instance).
+    Still unknown or dispatched: EffectBlocked with the receipt in ``facts``."""
+    return objects(
+        conn,
+        Retried,
+        "SELECT outcome, block_id, effect_id, detail FROM orch8.retry_instance("
+        "p_tenant_id => %(tenant)s, p_instance_id => %(id)s, p_actor => %(actor)s)",
+        {"tenant": tenant_id, "id": instance_id, "actor": actor},
+    )[0]

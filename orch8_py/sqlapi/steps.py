@@ -1,0 +1,269 @@
+"""The runner's calls: claim a batch, begin and finish a step, keep and hand back leases,
+read a sequence definition, wait for work, and an instance's key-value state."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from .base import Conn, Jsonb, all_rows, objects, one, value
+
+WORK_CHANNEL = "orch8_work"
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """An instance the runner now holds a lease on (orch8.claim_work)."""
+
+    tenant_id: str
+    id: uuid.UUID
+    sequence_id: uuid.UUID
+    sequence_version: int
+    context: dict[str, Any]
+    current_block: str | None
+    current_attempt: int
+    parent_instance_id: uuid.UUID | None
+    lease_token: uuid.UUID
+    progress: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """orch8.effect_outcome: what begin_effect, begin_step and the settle functions say."""
+
+    outcome: str | None
+    effect_id: uuid.UUID | None
+    state: str | None
+    kind: str | None
+    block_id: str | None
+    attempt: int | None
+    invariant_id: uuid.UUID | None
+    competing_effect_id: uuid.UUID | None
+    detail: str | None
+
+
+@dataclass(frozen=True)
+class Finished:
+    """orch8.finish_step: the instance's state, and the block to run next while running."""
+
+    state: str
+    next_block: str | None
+    next_attempt: int | None
+
+
+def claim_work(conn: Conn, *, worker_id: str, batch: int, lease_seconds: float) -> list[Claimed]:
+    return objects(
+        conn,
+        Claimed,
+        "SELECT * FROM orch8.claim_work(p_worker_id => %(worker)s, p_batch => %(batch)s,"
+        " p_lease => make_interval(secs => %(lease)s))",
+        {"worker": worker_id, "batch": batch, "lease": lease_seconds},
+    )
+
+
+def begin_step(
+    conn: Conn,
+    *,
+    tenant_id: str,
+    instance_id: uuid.UUID,
+    lease_token: uuid.UUID,
+    block_id: str,
+    handler: str,
+    params: dict[str, Any],
+    attempt: int,
+) -> Outcome:
+    return objects(
+        conn,
+        Outcome,
+        "SELECT outcome, effect_id, state::text AS state, kind, block_id, attempt,"
+        " invariant_id, competing_effect_id, detail FROM orch8.begin_step("
+        "p_tenant_id => %(tenant)s, p_instance_id => %(instance)s,"
+        " p_lease_token => %(lease)s, p_block_id => %(block)s, p_handler => %(handler)s,"
+        " p_params => %(params)s, p_attempt => %(attempt)s)",
+        {
+            "tenant": tenant_id,
+            "instance": instance_id,
+            "lease": lease_token,
+            "block": block_id,
+            "handler": handler,
+            "params": Jsonb(params),
+            "attempt": attempt,
+        },
+    )[0]
+
+
+def finish_step(
+    conn: Conn,
+    *,
+    tenant_id: str,
+    instance_id: uuid.UUID,
+    lease_token: uuid.UUID,
+    block_id: str,
+    attempt: int,
+    effect_id: uuid.UUID | None,
+    result: str,
+    output: Any,
+    error: str | None = None,
+    retry_in: dt.timedelta | None = None,
+) -> Finished:
+    return objects(
+        conn,
+        Finished,
+        "SELECT state::text AS state, next_block, next_attempt FROM orch8.finish_step("
+        "p_tenant_id => %(tenant)s, p_instance_id => %(instance)s,"
+        " p_lease_token => %(lease)s, p_block_id => %(block)s, p_attempt => %(attempt)s,"
+        " p_effect_id => %(effect)s, p_result => %(result)s, p_output => %(output)s,"
+        " p_error => %(error)s, p_retry_in => %(retry_in)s)",
+        {
+            "tenant": tenant_id,
+            "instance": instance_id,
+            "lease": lease_token,
+            "block": block_id,
+            "attempt": attempt,
+            "effect": effect_id,
+            "result": result,
+            "output": Jsonb(output),
+            "error": error,
+            "retry_in": retry_in,
+        },
+    )[0]
+
+
+def heartbeat_leases(
+    conn: Conn, *, lease_tokens: list[uuid.UUID], lease_seconds: float
+) -> set[uuid.UUID]:
+    """The tokens still held, each extended to now + lease."""
+    rows = all_rows(
+        conn,
+        "SELECT orch8.heartbeat_leases(p_lease_tokens => %(tokens)s,"
+        " p_lease => make_interval(secs => %(lease)s)) AS token",
+        {"tokens": lease_tokens, "lease": lease_seconds},
+    )
+    return {r["token"] for r in rows}
+
+
+def release_lease(
+    conn: Conn,
+    *,
+    tenant_id: str,
+    instance_id: uuid.UUID,
+    lease_token: uuid.UUID,
+    reason: str,
+    next_fire_at: dt.datetime | None = None,
+) -> None:
+    one(
+        conn,
+        "SELECT orch8.release_lease(p_tenant_id => %(tenant)s, p_instance_id => %(instance)s,"
+        " p_lease_token => %(lease)s, p_next_fire_at => %(at)s, p_reason => %(reason)s)",
+        {
+            "tenant": tenant_id,
+            "instance": instance_id,
+            "lease": lease_token,
+            "at": next_fire_at,
+            "reason": reason,
+        },
+    )
+
+
+def sequence_definition(conn: Conn, *, tenant_id: str, sequence_id: uuid.UUID) -> dict[str, Any]:
+    """A stored definition (immutable: callers may cache it forever)."""
+    definition: dict[str, Any] = value(
+        conn,
+        "SELECT definition FROM orch8.sequences WHERE tenant_id = %(tenant)s AND id = %(id)s",
+        {"tenant": tenant_id, "id": sequence_id},
+    )
+    return definition
+
+
+def builtin_handlers(conn: Conn) -> dict[str, bool]:
+    """Every builtin name with whether it has side effects (orch8.builtin_handlers)."""
+    rows = all_rows(conn, "SELECT name, has_side_effects FROM orch8.builtin_handlers")
+    return {r["name"]: r["has_side_effects"] for r in rows}
+
+
+def listen_for_work(conn: Conn) -> None:
+    """LISTEN on the channel create_instance and every move to scheduled notify."""
+    conn.execute(f"LISTEN {WORK_CHANNEL}")
+
+
+# --- an instance's key-value state (the state builtins) ----------------------------------
+
+MISSING: Any = object()  # get_instance_state's answer for a key that was never set
+
+
+def get_instance_state(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID, key: str) -> Any:
+    """The stored JSON value, or the sentinel ``MISSING`` when the key was never set."""
+    text = value(
+        conn,
+        "SELECT orch8.get_instance_state(p_tenant_id => %(tenant)s,"
+        " p_instance_id => %(instance)s, p_key => %(key)s)::text",
+        {"tenant": tenant_id, "instance": instance_id, "key": key},
+    )
+    return MISSING if text is None else json.loads(text)
+
+
+def set_instance_state(
+    conn: Conn,
+    *,
+    tenant_id: str,
+    instance_id: uuid.UUID,
+    lease_token: uuid.UUID,
+    key: str,
+    value_: Any,
+) -> None:
+    one(
+        conn,
+        "SELECT orch8.set_instance_state(p_tenant_id => %(tenant)s,"
+        " p_instance_id => %(instance)s, p_lease_token => %(lease)s, p_key => %(key)s,"
+        " p_value => %(value)s)",
+        {
+            "tenant": tenant_id,
+            "instance": instance_id,
+            "lease": lease_token,
+            "key": key,
+            "value": Jsonb(value_),
+        },
+    )
+
+
+def delete_instance_state(
+    conn: Conn, *, tenant_id: str, instance_id: uuid.UUID, lease_token: uuid.UUID, key: str
+) -> bool:
+    return bool(
+        value(
+            conn,
+            "SELECT orch8.delete_instance_state(p_tenant_id => %(tenant)s,"
+            " p_instance_id => %(instance)s, p_lease_token => %(lease)s, p_key => %(key)s)",
+            {"tenant": tenant_id, "instance": instance_id, "lease": lease_token, "key": key},
+        )
+    )
+
+
+def merge_instance_state(
+    conn: Conn,
+    *,
+    tenant_id: str,
+    instance_id: uuid.UUID,
+    lease_token: uuid.UUID,
+    key: str,
+    patch: dict[str, Any],
+) -> dict[str, Any]:
+    merged: dict[str, Any] = json.loads(
+        value(
+            conn,
+            "SELECT orch8.merge_instance_state(p_tenant_id => %(tenant)s,"
+            " p_instance_id => %(instance)s, p_lease_token => %(lease)s, p_key => %(key)s,"
+            " p_patch => %(patch)s)::text",
+            {
+                "tenant": tenant_id,
+                "instance": instance_id,
+                "lease": lease_token,
+                "key": key,
+                "patch": Jsonb(patch),
+            },
+        )
+    )
+    return merged

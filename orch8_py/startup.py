@@ -1,0 +1,49 @@
+"""Getting a database ready for a command: ORCH8_DATABASE_URL or the embedded server,
+migrations with progress lines, and the check that the schema is the one this build
+expects (orch8 run and serve refuse anything else)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+from . import config, db, migrate
+from .embedded import EmbeddedPostgres
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+@contextlib.contextmanager
+def database(settings: config.Settings, quiet: bool = False) -> Iterator[str]:
+    """Yield the database URL: ORCH8_DATABASE_URL, or the embedded server (stopped after,
+    if this process started it)."""
+    if settings.database_url:
+        db.validate_url(settings.database_url)
+        yield settings.database_url
+        return
+    server = EmbeddedPostgres(settings.data_dir)
+    url = server.start()
+    if not quiet:
+        verb = "started" if server.started_here else "reusing running"
+        say(f"orch8: {verb} embedded PostgreSQL, data in {server.pgdata}")
+    try:
+        yield url
+    finally:
+        server.stop()
+
+
+def run_migrations(url: str, progress: Callable[[str], None] = say) -> None:
+    with db.connect(url, autocommit=True) as conn:
+        applied = migrate.migrate(conn, progress=lambda m: progress(f"orch8: {m}"))
+        version = migrate.status(conn).database_version
+    if applied:
+        progress(f"orch8: schema at version {version} ({len(applied)} migration(s) applied)")
+    else:
+        progress(f"orch8: schema at version {version}, nothing to apply")
+
+
+def check_schema(url: str) -> None:
+    with db.connect(url, autocommit=True) as conn:
+        migrate.check_schema(conn)
