@@ -14,7 +14,7 @@ import uuid
 import pytest
 from psycopg.types.json import Jsonb
 
-from orch8_py import apikeys
+from orch8_py import apikeys, sqlapi
 from orch8_py.handlers import handler
 from tests.runner_helpers import running, wait_for
 from web import create_app
@@ -145,10 +145,14 @@ def _clear_sent():
 
 
 def problem(resp, status, error=None):
+    """An RFC 9457 problem document with this status (and error code)."""
     assert resp.status_code == status, (resp.status_code, resp.get_data(as_text=True))
-    assert resp.is_json, resp.get_data(as_text=True)
+    assert resp.mimetype == "application/problem+json", resp.get_data(as_text=True)
     body = resp.get_json()
     assert isinstance(body["error"], str)
+    assert body["status"] == status
+    assert body["type"] == "urn:orch8:problem:" + body["error"].replace(" ", "-")
+    assert body["title"].lower() == body["error"]
     if error:
         assert body["error"] == error, body
     return body
@@ -164,7 +168,7 @@ def ok(resp, status=200):
 
 def test_openapi_document_describes_every_route(app):
     doc = ok(app.test_client().get("/api/v1/openapi.json"))
-    assert doc["openapi"].startswith("3.0")
+    assert doc["openapi"].startswith("3.1")
     assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     documented = {(path, method.upper()) for path, item in doc["paths"].items() for method in item}
     routed = set()
@@ -196,7 +200,7 @@ def test_a_key_is_required_and_checked(app, conn, keys):
     )
     key_id, secret = apikeys.create(conn, ACME, "operator", "short-lived")
     assert Api(client, secret).get("/instances").status_code == 200
-    apikeys.revoke(conn, ACME, key_id)
+    sqlapi.keys.revoke_api_key(conn, tenant_id=ACME, key_id=key_id)
     problem(Api(client, secret).get("/instances"), 401)
     problem(client.get("/api/v1/nowhere", headers={"X-Api-Key": keys["operator"]}), 404)
 
@@ -364,9 +368,10 @@ def test_an_invalid_definition_lists_every_problem(api):
     assert {(p["path"], p["message"]) for p in body["problems"]} == {
         ("x", "unknown field"),
         ("name", "is required"),
-        ("namespace", "must be a string or null"),
-        ("definition", "must be an object"),
+        ("namespace", "Input should be a valid string"),
+        ("definition", "Input should be a valid dictionary"),
     }
+    assert body["detail"].startswith("4 problems in the body: ")
 
 
 # --- instances ---------------------------------------------------------------------------
@@ -504,7 +509,8 @@ def test_instance_detail_outputs_audit_and_signals(conn, api, as_role):
     for path in ["", "/outputs", "/audit", "/signals", "/effects"]:
         problem(api.get(f"/instances/{missing}{path}"), 404, "not found")
         body = problem(api.get(f"/instances/not-a-uuid{path}"), 422, "invalid input")
-        assert body["problems"] == [{"path": "id", "message": "must be a UUID"}]
+        assert [p["path"] for p in body["problems"]] == ["instance_id"]
+        assert "valid UUID" in body["problems"][0]["message"]
     problem(api.get(f"/instances/{inst}?x=1"), 422)
     problem(as_role("worker").get(f"/instances/{missing}"), 404)
 
@@ -636,8 +642,9 @@ def test_resolve_flow(conn, api, as_role):
     problem(
         api.post(url, {"state": "committed", "evidence": {}, "provider_receipt_id": "x" * 300}), 422
     )
-    body = problem(api.post(url, {"state": "dispatched", "evidence": {"a": 1}}), 409, "conflict")
-    assert body["current_state"] == "unknown"
+    # only states some receipt can be resolved to (rules.RESOLUTIONS) are accepted
+    body = problem(api.post(url, {"state": "dispatched", "evidence": {"a": 1}}), 422)
+    assert [p["path"] for p in body["problems"]] == ["state"]
     body = problem(
         api.post(url, {"state": "committed", "evidence": {"a": 1}, "expected_state": "dispatched"}),
         409,
@@ -674,9 +681,10 @@ def test_resolve_flow(conn, api, as_role):
         "reload before resolving",
     )
     assert body["current_state"] == "committed"
-    # an illegal move names the current state
+    # an illegal move names the current state and where it may go
     body = problem(api.post(url, {"state": "abandoned", "evidence": {"x": 1}}), 409, "conflict")
     assert body["current_state"] == "committed"
+    assert body["allowed_states"] == ["compensated"]
     # committed -> compensated is legal, with evidence
     assert (
         ok(api.post(url, {"state": "compensated", "evidence": {"refund": "re_1"}}))["state"]
@@ -926,8 +934,8 @@ def test_request_transactions_run_under_row_level_security(app, conn):
             row = tx.execute(
                 "SELECT current_user AS who, current_setting('orch8.tenant_id') AS tenant"
             ).fetchone()
-            assert row == {"who": "orch8_web", "tenant": ACME}
-            ids = {r["id"] for r in tx.execute("SELECT id FROM orch8.task_instances")}
+            assert tuple(row) == ("orch8_web", ACME)
+            ids = {r[0] for r in tx.execute("SELECT id FROM orch8.task_instances")}
             assert ids == {mine}
             moved = tx.execute(
                 "UPDATE orch8.task_instances SET priority = 9 WHERE id = %s", (theirs,)
@@ -955,7 +963,7 @@ def test_a_database_that_is_down_or_not_migrated_answers_503(empty_db_url):
         assert ready.get_json()["error"] == "database unreachable"
         started = time.monotonic()
         resp = client.get("/api/v1/instances", headers={"Authorization": "Bearer o8_x_y"})
-        assert resp.status_code == 503 and resp.mimetype == "application/json"
+        assert resp.status_code == 503 and resp.mimetype == "application/problem+json"
         assert resp.get_json()["error"] == "database unavailable"
         assert time.monotonic() - started < 10  # the pool's wait, not 30 s
     finally:

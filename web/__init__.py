@@ -42,6 +42,9 @@ def create_app(database_url: str, *, secret_key: str | None = None) -> Flask:
     )
     problems.install(app)
     from . import api
+    from .api.bodies import StrictRequest
+
+    app.request_class = StrictRequest  # strict JSON for every get_json() (web/api/bodies.py)
 
     api.register(app)
     app.register_blueprint(console_bp)

@@ -12,20 +12,22 @@ and has a role:
 from __future__ import annotations
 
 import functools
-import hashlib
 import re
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 from flask import g, request
+
+from orch8_py import apikeys, rules, sqlapi
 
 from .db import pool
 from .problems import Problem
 
-TENANT_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+# tenant ids are orch8.identifier values (matched in full: a trailing newline cannot pass)
+TENANT_RE = re.compile(rules.PATTERNS["identifier"]["pattern"])
+TENANT_RULE = rules.PATTERNS["identifier"]["rule"]
 READ_METHODS = {"GET", "HEAD", "OPTIONS"}
-
-
-def key_hash(secret: str) -> str:
-    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def presented_key() -> str | None:
@@ -35,40 +37,34 @@ def presented_key() -> str | None:
     return request.headers.get("X-Api-Key") or None
 
 
-def authenticate(secret: str) -> dict | None:
+def authenticate(secret: str) -> sqlapi.keys.Principal | None:
     with pool().connection() as conn:
-        row = conn.execute(
-            "SELECT tenant_id, key_id, role, name FROM orch8.authenticate_api_key(%s)",
-            (key_hash(secret),),
-        ).fetchone()
-    if row is None:
-        return None
-    return {"tenant": row[0], "key_id": row[1], "role": row[2], "name": row[3]}
+        return sqlapi.keys.authenticate_api_key(conn, key_hash=apikeys.key_hash(secret))
 
 
-def establish(principal: dict) -> None:
+def establish(principal: sqlapi.keys.Principal) -> None:
     """Set g from an authenticated principal, honouring X-Tenant-Id for admins."""
-    tenant = principal["tenant"]
+    tenant = principal.tenant_id
     asked = request.headers.get("X-Tenant-Id")
     if asked and asked != tenant:
-        if principal["role"] != "admin":
+        if principal.role != "admin":
             # another tenant's resources are invisible, not forbidden
             raise Problem(404, "not found", "no such tenant for this key")
-        if not TENANT_RE.match(asked):
-            raise Problem(422, "invalid input", "X-Tenant-Id must be 1-100 of A-Z a-z 0-9 _ . -")
+        if not TENANT_RE.fullmatch(asked):
+            raise Problem(422, "invalid input", f"X-Tenant-Id must be {TENANT_RULE}")
         tenant = asked
     g.tenant = tenant
-    g.role = principal["role"]
-    g.key_id = principal["key_id"]
-    g.actor = f"key:{principal['name']}"
+    g.role = principal.role
+    g.key_id = principal.key_id
+    g.actor = f"key:{principal.name}"
 
 
-def require(*roles: str):
+def require(*roles: str) -> Callable[[F], F]:
     """Allow the listed roles (admin always). Auditors may only read."""
 
-    def decorate(view):
+    def decorate(view: F) -> F:
         @functools.wraps(view)
-        def wrapped(*args, **kwargs):
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
             secret = presented_key()
             if not secret:
                 raise Problem(401, "unauthorized", "send Authorization: Bearer <api key>")
@@ -76,7 +72,7 @@ def require(*roles: str):
             if principal is None:
                 raise Problem(401, "unauthorized", "unknown or revoked API key")
             establish(principal)
-            role = principal["role"]
+            role = principal.role
             allowed = role == "admin" or role in roles
             if role == "auditor" and request.method not in READ_METHODS:
                 allowed = False
@@ -84,7 +80,7 @@ def require(*roles: str):
                 raise Problem(403, "forbidden", f"a {role} key cannot do this")
             return view(*args, **kwargs)
 
-        return wrapped
+        return cast(F, wrapped)
 
     return decorate
 

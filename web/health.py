@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import psycopg
 from flask import Blueprint, current_app, jsonify
+from flask.typing import ResponseReturnValue
 from psycopg_pool import PoolTimeout
 
 from orch8_py import migrate
@@ -12,12 +13,12 @@ bp = Blueprint("health", __name__)
 
 
 @bp.get("/health/live")
-def live():
+def live() -> ResponseReturnValue:
     return jsonify(status="ok")
 
 
 @bp.get("/health/ready")
-def ready():
+def ready() -> ResponseReturnValue:
     pool = current_app.extensions["orch8.pool"]
     try:
         if pool.closed:

@@ -21,15 +21,17 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 from flask import Blueprint, Response, current_app
+from flask.typing import ResponseReturnValue
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from orch8_py import metrics as process_metrics
-from orch8_py.states import INSTANCE_STATES, OUTBOX_STATES
+from orch8_py import rules, sqlapi
 
 log = logging.getLogger("orch8.web.metrics")
 
@@ -37,29 +39,6 @@ bp = Blueprint("metrics", __name__)
 
 POOL_TIMEOUT = 2.0  # seconds to wait for a connection before reporting the database down
 STATEMENT_TIMEOUT = "5s"  # the scrape query never holds a pool connection longer
-
-# Zero-filled per tenant, so a state that appears later has a series to compare against.
-
-
-# One statement, small aggregates: (metric, tenant, kind, state, n, seconds).
-QUERY = """
-SELECT 'unresolved'::text AS metric, u.tenant_id AS tenant, u.kind, u.state::text AS state,
-       count(*) AS n, extract(epoch FROM max(u.age))::float8 AS seconds
-FROM orch8.unresolved_effects AS u
-GROUP BY u.tenant_id, u.kind, u.state
-UNION ALL
-SELECT 'instances', t.tenant_id, NULL, t.state::text, count(*), NULL
-FROM orch8.task_instances AS t
-GROUP BY t.tenant_id, t.state
-UNION ALL
-SELECT 'webhooks', w.tenant_id, NULL, w.state, count(*), NULL
-FROM orch8.webhook_outbox AS w
-GROUP BY w.tenant_id, w.state
-UNION ALL
-SELECT 'lease_reclaims', NULL, NULL, NULL, count(*), NULL
-FROM orch8.instance_transitions AS x
-WHERE x.actor = 'lease-sweep'
-"""
 
 
 class ProcessMetrics:
@@ -81,16 +60,11 @@ class DatabaseMetrics:
     def describe(self) -> list[Metric]:
         return []  # nothing is queried when the collector is registered
 
-    def query(self) -> list[tuple]:
+    def query(self) -> list[tuple[Any, ...]]:
         if self.pool.closed:
             self.pool.open(wait=False)
         with self.pool.connection(timeout=POOL_TIMEOUT) as conn:
-            with conn.pipeline(), conn.transaction():
-                conn.execute(
-                    "SELECT set_config('statement_timeout', %s, true)", (STATEMENT_TIMEOUT,)
-                )
-                cur = conn.execute(QUERY)
-            return cur.fetchall()
+            return sqlapi.observe.metrics_snapshot(conn, timeout=STATEMENT_TIMEOUT)
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(
@@ -118,7 +92,7 @@ class DatabaseMetrics:
         yield from families(rows)
 
 
-def families(rows: list[tuple]) -> Iterator[Metric]:
+def families(rows: list[tuple[Any, ...]]) -> Iterator[Metric]:
     """The metric families of the query's rows."""
     unresolved = GaugeMetricFamily(
         "orch8_unresolved_effects",
@@ -165,8 +139,8 @@ def families(rows: list[tuple]) -> Iterator[Metric]:
     for (tenant, kind), age in sorted(ages.items()):
         oldest.add_metric([tenant, kind], age)
     for family, states, counts in (
-        (instances, INSTANCE_STATES, by_state["instances"]),
-        (outbox, OUTBOX_STATES, by_state["webhooks"]),
+        (instances, rules.INSTANCE_STATES, by_state["instances"]),
+        (outbox, rules.OUTBOX_STATES, by_state["webhooks"]),
     ):
         for tenant in sorted(counts):
             for state in (*states, *sorted(set(counts[tenant]) - set(states))):
@@ -186,6 +160,6 @@ def render(pool: ConnectionPool) -> bytes:
 
 
 @bp.get("/metrics")
-def scrape():
+def scrape() -> ResponseReturnValue:
     body = render(current_app.extensions["orch8.pool"])
     return Response(body, status=200, content_type=CONTENT_TYPE_LATEST)

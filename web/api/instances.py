@@ -1,285 +1,281 @@
-"""Instances: start (orch8.create_instance), list and read, their outputs, audit trail and
-signals, and the operator's moves: cancel, pause, resume, signal, retry."""
+"""Instances: start one (orch8.create_instance), list and read them, their outputs,
+audit trail and signals, and the operator's moves: cancel, pause, resume, signal, retry."""
 
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from flask import Blueprint, g
-from psycopg.types.json import Jsonb
 
-from ..auth import OPERATOR, require
+from orch8_py import sqlapi
+from orch8_py.sqlapi import Conn
+
+from ..auth import OPERATOR
 from ..db import tenant_tx
-from .validation import (
-    INT32_MAX,
-    INT32_MIN,
-    LIMIT,
-    Field,
-    answer,
-    cursor,
-    cursor_time,
-    cursor_uuid,
-    encode_cursor,
-    json_body,
-    not_found,
-    one_of,
-    path_uuid,
-    query,
-    text,
-    timestamp,
+from ..problems import Problem
+from .cursors import encode_cursor
+from .models.base import NoBody
+from .models.instances import (
+    Instance,
+    InstanceCreate,
+    InstanceCreated,
+    InstanceListQuery,
+    InstanceMove,
+    InstancePage,
+    InstancePath,
+    OutputList,
+    Reason,
+    RetryResult,
+    SignalList,
+    SignalSend,
+    SignalSent,
+    TransitionList,
 )
+from .spec import READ, WRITE, operation
 
 bp = Blueprint("instances", __name__)
-
-STATES = ("scheduled", "running", "waiting", "paused", "completed", "failed", "cancelled")
-
-SUMMARY = (
-    "t.id, t.sequence_id, s.namespace AS sequence_namespace, s.name AS sequence_name,"
-    " t.sequence_version, t.state::text AS state, t.requested_state::text AS requested_state,"
-    " t.current_block, t.priority, t.idempotency_key, t.parent_instance_id, t.error,"
-    " t.next_fire_at, t.created_at, t.updated_at"
-)
-DETAIL = SUMMARY + ", t.context, t.lease_owner, t.lease_expires_at"
-FROM = (
-    " FROM orch8.task_instances AS t"
-    " JOIN orch8.sequences AS s ON s.tenant_id = t.tenant_id AND s.id = t.sequence_id"
-)
-
-CREATE = {
-    "sequence": Field(str, required=True),
-    "namespace": Field(str, nullable=True),
-    "version": Field(int, nullable=True, min=1, max=INT32_MAX),
-    "data": Field(dict, nullable=True),
-    "config": Field(dict, nullable=True),
-    "priority": Field(int, nullable=True, min=INT32_MIN, max=INT32_MAX),
-    # the column's CHECK (1-256 bytes); create_instance itself does not check it
-    "idempotency_key": Field(str, nullable=True, min_bytes=1, max_bytes=256),
+TAG = "instances"
+AT_ID = {"instance_id": "$response.body#/id"}
+FOLLOW = {
+    "GetInstance": ("getInstance", AT_ID),
+    "GetOutputs": ("listInstanceOutputs", AT_ID),
+    "GetAudit": ("listInstanceAudit", AT_ID),
+    "GetSignals": ("listInstanceSignals", AT_ID),
+    "GetEffects": ("listInstanceEffects", AT_ID),
 }
-REASON = {"reason": Field(str, nullable=True, max_bytes=2000)}
-SIGNAL = {"type": Field(str, required=True), "payload": Field(dict, nullable=True)}
-NO_FIELDS: dict = {}
 
 
-def load(conn, instance_id: uuid.UUID) -> dict:
-    row = conn.execute(
-        f"SELECT {DETAIL}{FROM} WHERE t.tenant_id = %s AND t.id = %s", (g.tenant, instance_id)
-    ).fetchone()
+def not_found(instance_id: uuid.UUID) -> Problem:
+    return Problem(404, "not found", f"instance {instance_id} not found")
+
+
+def load(conn: Conn, instance_id: uuid.UUID) -> dict[str, Any]:
+    row = sqlapi.instances.get_instance(conn, tenant_id=g.tenant, instance_id=instance_id)
     if row is None:
-        raise not_found(f"instance {instance_id}")
+        raise not_found(instance_id)
     return row
 
 
-def exists(conn, instance_id: uuid.UUID) -> None:
-    found = conn.execute(
-        "SELECT 1 FROM orch8.task_instances WHERE tenant_id = %s AND id = %s",
-        (g.tenant, instance_id),
-    ).fetchone()
-    if found is None:
-        raise not_found(f"instance {instance_id}")
+def exists(conn: Conn, instance_id: uuid.UUID) -> None:
+    if sqlapi.instances.instance_state(conn, tenant_id=g.tenant, instance_id=instance_id) is None:
+        raise not_found(instance_id)
 
 
 @bp.post("/instances")
-@require(*OPERATOR)
-def create():
-    query({})
-    body = json_body(CREATE)
-    namespace = body.get("namespace", "default")
+@operation(
+    roles=OPERATOR,
+    ok={201: InstanceCreated, 200: InstanceCreated},
+    errors=WRITE,
+    tag=TAG,
+    operation_id="createInstance",
+    links={201: FOLLOW, 200: FOLLOW},
+)
+def create(json: InstanceCreate) -> tuple[InstanceCreated, int]:
+    """Start an instance of a sequence (orch8.create_instance)
+
+    201 with the new instance; 200 with the existing one (`deduplicated`: true) when the
+    idempotency key was used before in the tenant."""
+    namespace = json.namespace or "default"
     with tenant_tx() as conn:
-        seq = conn.execute(
-            "SELECT id FROM orch8.get_sequence(%s, %s, %s, %s::integer)",
-            (g.tenant, namespace, body["sequence"], body.get("version")),
-        ).fetchone()
-        if seq is None or seq["id"] is None:
-            version = f" version {body['version']}" if "version" in body else ""
-            raise not_found(f"sequence {namespace}/{body['sequence']}{version}")
-        made = conn.execute(
-            "SELECT id, deduplicated FROM orch8.create_instance(%s, %s, %s, %s, %s::integer, %s)",
-            (
-                g.tenant,
-                seq["id"],
-                Jsonb(body.get("data", {})),
-                Jsonb(body.get("config", {})),
-                body.get("priority", 0),
-                body.get("idempotency_key"),
-            ),
-        ).fetchone()
-        row = load(conn, made["id"])
-    row["deduplicated"] = made["deduplicated"]
-    return answer(row, 200 if made["deduplicated"] else 201)
+        seq = sqlapi.sequences.get_sequence(
+            conn, tenant_id=g.tenant, namespace=namespace, name=json.sequence, version=json.version
+        )
+        if seq is None:
+            which = f" version {json.version}" if json.version is not None else ""
+            raise Problem(
+                404, "not found", f"sequence {namespace}/{json.sequence}{which} not found"
+            )
+        made = sqlapi.instances.create_instance(
+            conn,
+            tenant_id=g.tenant,
+            sequence_id=seq["id"],
+            data=json.data,
+            config=json.config,
+            priority=json.priority or 0,
+            idempotency_key=json.idempotency_key,
+        )
+        row = load(conn, made.id)
+    answer = InstanceCreated.model_validate({**row, "deduplicated": made.deduplicated})
+    return answer, 200 if made.deduplicated else 201
 
 
 @bp.get("/instances")
-@require(*OPERATOR)
-def list_instances():
-    q = query(
-        {
-            "state": one_of(*STATES),
-            "sequence": text(200),
-            "namespace": text(100),
-            "created_after": timestamp,
-            "created_before": timestamp,
-            "limit": LIMIT,
-            "cursor": cursor(cursor_time, cursor_uuid),
-        },
-        {"limit": 50},
-    )
-    where = ["t.tenant_id = %s"]
-    args: list = [g.tenant]
-    if "state" in q:
-        where.append("t.state = %s::orch8.instance_state")
-        args.append(q["state"])
-    if "sequence" in q:
-        where.append("s.name = %s")
-        args.append(q["sequence"])
-    if "namespace" in q:
-        where.append("s.namespace = %s")
-        args.append(q["namespace"])
-    if "created_after" in q:
-        where.append("t.created_at >= %s")
-        args.append(q["created_after"])
-    if "created_before" in q:
-        where.append("t.created_at < %s")
-        args.append(q["created_before"])
-    if "cursor" in q:
-        where.append("(t.created_at, t.id) < (%s, %s)")
-        args.extend(q["cursor"])
+@operation(
+    roles=OPERATOR, ok={200: InstancePage}, errors=READ, tag=TAG, operation_id="listInstances"
+)
+def list_instances(query: InstanceListQuery) -> InstancePage:
+    """Instances, newest first, without their context
+
+    Paged on (created_at, id): a walk never repeats or skips an instance, even while new
+    ones are created."""
     with tenant_tx() as conn:
-        rows = conn.execute(
-            f"SELECT {SUMMARY}{FROM} WHERE {' AND '.join(where)}"
-            " ORDER BY t.created_at DESC, t.id DESC LIMIT %s",
-            [*args, q["limit"] + 1],
-        ).fetchall()
-    items = rows[: q["limit"]]
-    more = len(rows) > q["limit"]
+        rows = sqlapi.instances.list_instances(
+            conn,
+            tenant_id=g.tenant,
+            limit=query.limit + 1,
+            state=query.state,
+            sequence=query.sequence,
+            namespace=query.namespace,
+            created_after=query.created_after,
+            created_before=query.created_before,
+            older_than=query.cursor,
+        )
+    items = rows[: query.limit]
+    more = len(rows) > query.limit
     next_cursor = encode_cursor(items[-1]["created_at"], items[-1]["id"]) if more else None
-    return answer({"items": items, "next_cursor": next_cursor})
+    return InstancePage.model_validate({"items": items, "next_cursor": next_cursor})
 
 
 @bp.get("/instances/<instance_id>")
-@require("worker", *OPERATOR)
-def get(instance_id: str):
-    query({})
-    iid = path_uuid(instance_id)
+@operation(
+    roles=("worker", *OPERATOR),
+    ok={200: Instance},
+    errors=READ,
+    tag=TAG,
+    operation_id="getInstance",
+)
+def get(path: InstancePath) -> Instance:
+    """One instance with its context (worker keys too)"""
     with tenant_tx() as conn:
-        return answer(load(conn, iid))
-
-
-def _list(instance_id: str, sql: str):
-    query({})
-    iid = path_uuid(instance_id)
-    with tenant_tx() as conn:
-        exists(conn, iid)
-        rows = conn.execute(sql, (g.tenant, iid)).fetchall()
-    return answer({"items": rows})
+        return Instance.model_validate(load(conn, path.instance_id))
 
 
 @bp.get("/instances/<instance_id>/outputs")
-@require(*OPERATOR)
-def outputs(instance_id: str):
-    return _list(
-        instance_id,
-        "SELECT seq, block_id, attempt, sentinel, output, retryable, effect_id, created_at"
-        " FROM orch8.block_outputs WHERE tenant_id = %s AND instance_id = %s ORDER BY seq",
-    )
+@operation(
+    roles=OPERATOR, ok={200: OutputList}, errors=READ, tag=TAG, operation_id="listInstanceOutputs"
+)
+def outputs(path: InstancePath) -> OutputList:
+    """The instance's block outputs and sentinels, in order"""
+    with tenant_tx() as conn:
+        exists(conn, path.instance_id)
+        rows = sqlapi.instances.instance_outputs(
+            conn, tenant_id=g.tenant, instance_id=path.instance_id
+        )
+    return OutputList.model_validate({"items": rows})
 
 
 @bp.get("/instances/<instance_id>/audit")
-@require(*OPERATOR)
-def audit(instance_id: str):
-    return _list(
-        instance_id,
-        "SELECT seq, from_state::text AS from_state, to_state::text AS to_state, actor,"
-        " reason, at FROM orch8.instance_transitions"
-        " WHERE tenant_id = %s AND instance_id = %s ORDER BY seq",
-    )
+@operation(
+    roles=OPERATOR, ok={200: TransitionList}, errors=READ, tag=TAG, operation_id="listInstanceAudit"
+)
+def audit(path: InstancePath) -> TransitionList:
+    """The instance's state changes (orch8.instance_transitions), in order"""
+    with tenant_tx() as conn:
+        exists(conn, path.instance_id)
+        rows = sqlapi.instances.instance_audit(
+            conn, tenant_id=g.tenant, instance_id=path.instance_id
+        )
+    return TransitionList.model_validate({"items": rows})
 
 
 @bp.get("/instances/<instance_id>/signals")
-@require(*OPERATOR)
-def signals(instance_id: str):
-    return _list(
-        instance_id,
-        "SELECT id, signal_type AS type, payload, actor, outcome, created_at"
-        " FROM orch8.instance_signals WHERE tenant_id = %s AND instance_id = %s ORDER BY id",
-    )
+@operation(
+    roles=OPERATOR, ok={200: SignalList}, errors=READ, tag=TAG, operation_id="listInstanceSignals"
+)
+def signals(path: InstancePath) -> SignalList:
+    """The signals sent to the instance"""
+    with tenant_tx() as conn:
+        exists(conn, path.instance_id)
+        rows = sqlapi.instances.instance_signals(
+            conn, tenant_id=g.tenant, instance_id=path.instance_id
+        )
+    return SignalList.model_validate({"items": rows})
 
 
-def _moved(conn, iid: uuid.UUID, outcome: str, **extra) -> dict:
-    row = load(conn, iid)
+def _moved(conn: Conn, instance_id: uuid.UUID, outcome: str) -> dict[str, Any]:
+    row = load(conn, instance_id)
     return {
-        "id": iid,
+        "id": instance_id,
         "outcome": outcome,
-        **extra,
         "state": row["state"],
         "requested_state": row["requested_state"],
     }
 
 
 @bp.post("/instances/<instance_id>/signals")
-@require(*OPERATOR)
-def send_signal(instance_id: str):
-    query({})
-    iid = path_uuid(instance_id)
-    body = json_body(SIGNAL)
+@operation(
+    roles=OPERATOR,
+    ok={201: SignalSent},
+    errors=WRITE,
+    tag=TAG,
+    operation_id="sendSignal",
+    links={201: {"GetInstance": ("getInstance", AT_ID)}},
+)
+def send_signal(path: InstancePath, json: SignalSend) -> tuple[SignalSent, int]:
+    """Send a signal (orch8.send_signal): cancel, pause and resume act, others are recorded"""
     with tenant_tx() as conn:
-        sent = conn.execute(
-            "SELECT signal_id, outcome FROM orch8.send_signal(%s, %s, %s, %s, %s)",
-            (g.tenant, iid, body["type"], Jsonb(body.get("payload", {})), g.actor),
-        ).fetchone()
-        result = _moved(conn, iid, sent["outcome"], signal_id=sent["signal_id"])
-    return answer(result, 201)
+        sent = sqlapi.instances.send_signal(
+            conn,
+            tenant_id=g.tenant,
+            instance_id=path.instance_id,
+            signal_type=json.type,
+            payload=json.payload or {},
+            actor=g.actor,
+        )
+        moved = _moved(conn, path.instance_id, sent.outcome)
+    return SignalSent.model_validate({**moved, "signal_id": sent.signal_id}), 201
 
 
-def _request(instance_id: str, function: str):
-    query({})
-    iid = path_uuid(instance_id)
-    body = json_body(REASON, optional=True)
+def _request(move: str, instance_id: uuid.UUID, reason: str | None) -> InstanceMove:
     with tenant_tx() as conn:
-        outcome = conn.execute(
-            f"SELECT orch8.{function}(%s, %s, %s, %s) AS outcome",
-            (g.tenant, iid, g.actor, body.get("reason")),
-        ).fetchone()["outcome"]
-        return answer(_moved(conn, iid, outcome))
+        outcome = sqlapi.instances.request_instance_state(
+            conn,
+            move=move,
+            tenant_id=g.tenant,
+            instance_id=instance_id,
+            actor=g.actor,
+            reason=reason,
+        )
+        return InstanceMove.model_validate(_moved(conn, instance_id, outcome))
 
 
 @bp.post("/instances/<instance_id>/cancel")
-@require(*OPERATOR)
-def cancel(instance_id: str):
-    return _request(instance_id, "cancel_instance")
+@operation(
+    roles=OPERATOR, ok={200: InstanceMove}, errors=WRITE, tag=TAG, operation_id="cancelInstance"
+)
+def cancel(path: InstancePath, json: Reason) -> InstanceMove:
+    """Cancel (orch8.cancel_instance); a running instance at its next step boundary"""
+    return _request("cancel", path.instance_id, json.reason)
 
 
 @bp.post("/instances/<instance_id>/pause")
-@require(*OPERATOR)
-def pause(instance_id: str):
-    return _request(instance_id, "pause_instance")
+@operation(
+    roles=OPERATOR, ok={200: InstanceMove}, errors=WRITE, tag=TAG, operation_id="pauseInstance"
+)
+def pause(path: InstancePath, json: Reason) -> InstanceMove:
+    """Pause (orch8.pause_instance); a running instance at its next step boundary"""
+    return _request("pause", path.instance_id, json.reason)
 
 
 @bp.post("/instances/<instance_id>/resume")
-@require(*OPERATOR)
-def resume(instance_id: str):
-    query({})
-    iid = path_uuid(instance_id)
-    json_body(NO_FIELDS, optional=True)
+@operation(
+    roles=OPERATOR, ok={200: InstanceMove}, errors=WRITE, tag=TAG, operation_id="resumeInstance"
+)
+def resume(path: InstancePath, json: NoBody) -> InstanceMove:
+    """Resume (orch8.resume_instance), or withdraw a pending pause"""
     with tenant_tx() as conn:
-        outcome = conn.execute(
-            "SELECT orch8.resume_instance(%s, %s, %s) AS outcome", (g.tenant, iid, g.actor)
-        ).fetchone()["outcome"]
-        return answer(_moved(conn, iid, outcome))
+        outcome = sqlapi.instances.resume_instance(
+            conn, tenant_id=g.tenant, instance_id=path.instance_id, actor=g.actor
+        )
+        return InstanceMove.model_validate(_moved(conn, path.instance_id, outcome))
 
 
 @bp.post("/instances/<instance_id>/retry")
-@require(*OPERATOR)
-def retry(instance_id: str):
-    """Retry after resolution: the receipt that stopped the instance decides (see
-    orch8.retry_instance). Still unknown: 409 naming the receipt (``effect_id``)."""
-    query({})
-    iid = path_uuid(instance_id)
-    json_body(NO_FIELDS, optional=True)
+@operation(
+    roles=OPERATOR, ok={200: RetryResult}, errors=WRITE, tag=TAG, operation_id="retryInstance"
+)
+def retry(path: InstancePath, json: NoBody) -> RetryResult:
+    """Retry a failed instance after resolution (orch8.retry_instance)
+
+    The receipt that stopped it decides: committed or verified completes the step from
+    the evidence (not sent again); abandoned, compensated or none reruns it; still
+    unknown is 409 naming the receipt (`effect_id`)."""
     with tenant_tx() as conn:
-        out = conn.execute(
-            "SELECT outcome, block_id, effect_id, detail FROM orch8.retry_instance(%s, %s, %s)",
-            (g.tenant, iid, g.actor),
-        ).fetchone()
-        result = _moved(conn, iid, out["outcome"])
-    result.update(block_id=out["block_id"], effect_id=out["effect_id"], detail=out["detail"])
-    return answer(result)
+        out = sqlapi.instances.retry_instance(
+            conn, tenant_id=g.tenant, instance_id=path.instance_id, actor=g.actor
+        )
+        moved = _moved(conn, path.instance_id, out.outcome)
+    return RetryResult.model_validate(
+        {**moved, "block_id": out.block_id, "effect_id": out.effect_id, "detail": out.detail}
+    )

@@ -1,125 +1,128 @@
-"""Sequences: create a version (orch8.create_sequence), list, read (orch8.get_sequence)."""
+"""Sequences: create a version (orch8.create_sequence), list the names, read versions."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import Blueprint, g
 
-from orch8_py.sequences import InvalidSequence, create_sequence
+from orch8_py import sqlapi
 
-from ..auth import OPERATOR, require
+from ..auth import OPERATOR
 from ..db import tenant_tx
 from ..problems import Problem
-from .validation import (
-    INT32_MAX,
-    LIMIT,
-    Field,
-    answer,
-    cursor,
-    cursor_text,
-    encode_cursor,
-    json_body,
-    not_found,
-    path_int,
-    path_text,
-    query,
-    text,
+from .cursors import encode_cursor
+from .models.sequences import (
+    Sequence,
+    SequenceCreate,
+    SequenceListQuery,
+    SequencePage,
+    SequencePath,
+    SequenceVersionList,
+    SequenceVersionPath,
 )
+from .spec import READ, WRITE, operation
 
 bp = Blueprint("sequences", __name__)
-
-SUMMARY = "id, namespace, name, version, created_at"
-FULL = "id, namespace, name, version, definition, created_at"
-
-CREATE = {
-    "namespace": Field(str, nullable=True),
-    "name": Field(str, required=True),
-    "definition": Field(dict, required=True),
-}
+TAG = "sequences"
+AT_NAME = {"namespace": "$response.body#/namespace", "name": "$response.body#/name"}
 
 
 @bp.post("/sequences")
-@require(*OPERATOR)
-def create():
-    query({})
-    body = json_body(CREATE)
+@operation(
+    roles=OPERATOR,
+    ok={201: Sequence},
+    errors=WRITE,
+    tag=TAG,
+    operation_id="createSequence",
+    links={
+        201: {
+            "GetLatestVersion": ("getSequence", AT_NAME),
+            "ListVersions": ("listSequenceVersions", AT_NAME),
+            "GetThisVersion": (
+                "getSequenceVersion",
+                {**AT_NAME, "version": "$response.body#/version"},
+            ),
+        }
+    },
+)
+def create(json: SequenceCreate) -> tuple[Sequence, int]:
+    """Create a version of a sequence
+
+    The definition is validated by orch8.create_sequence and stored as the next version
+    of the name (422 `invalid definition` with every problem otherwise)."""
     with tenant_tx() as conn:
-        try:
-            row = create_sequence(
-                conn, g.tenant, body.get("namespace", "default"), body["name"], body["definition"]
-            )
-        except InvalidSequence as exc:
-            raise Problem(422, "invalid definition", str(exc), problems=exc.problems) from None
-    return answer({k: row[k] for k in FULL.split(", ")}, 201)
+        row = sqlapi.sequences.create_sequence(
+            conn,
+            tenant_id=g.tenant,
+            namespace=json.namespace or "default",
+            name=json.name,
+            definition=json.definition,
+        )
+    return Sequence.model_validate(row), 201
 
 
 @bp.get("/sequences")
-@require(*OPERATOR)
-def list_latest():
-    q = query(
-        {"namespace": text(100), "limit": LIMIT, "cursor": cursor(cursor_text, cursor_text)},
-        {"limit": 50},
-    )
-    after = q.get("cursor")
+@operation(
+    roles=OPERATOR, ok={200: SequencePage}, errors=READ, tag=TAG, operation_id="listSequences"
+)
+def list_latest(query: SequenceListQuery) -> SequencePage:
+    """The latest version of each name, by namespace and name"""
     with tenant_tx() as conn:
-        rows = conn.execute(
-            f"SELECT {SUMMARY} FROM ("
-            "  SELECT DISTINCT ON (namespace, name) * FROM orch8.sequences"
-            "  WHERE tenant_id = %(t)s AND (%(ns)s::text IS NULL OR namespace = %(ns)s)"
-            "    AND (%(c_ns)s::text IS NULL OR (namespace, name) > (%(c_ns)s, %(c_name)s))"
-            "  ORDER BY namespace, name, version DESC"
-            ") AS latest ORDER BY namespace, name LIMIT %(limit)s",
-            {
-                "t": g.tenant,
-                "ns": q.get("namespace"),
-                "c_ns": after[0] if after else None,
-                "c_name": after[1] if after else None,
-                "limit": q["limit"] + 1,
-            },
-        ).fetchall()
-    items = rows[: q["limit"]]
-    more = len(rows) > q["limit"]
+        rows = sqlapi.sequences.list_sequences(
+            conn,
+            tenant_id=g.tenant,
+            limit=query.limit + 1,
+            namespace=query.namespace,
+            after=query.cursor,
+        )
+    items = [{**row, "version": row["latest_version"]} for row in rows[: query.limit]]
+    more = len(rows) > query.limit
     next_cursor = encode_cursor(items[-1]["namespace"], items[-1]["name"]) if more else None
-    return answer({"items": items, "next_cursor": next_cursor})
+    return SequencePage.model_validate({"items": items, "next_cursor": next_cursor})
 
 
-def _get(namespace: str, name: str, version: int | None):
-    namespace, name = path_text(namespace, "namespace"), path_text(name, "name")
+def _get(path: SequencePath, version: int | None) -> Sequence:
     with tenant_tx() as conn:
-        row = conn.execute(
-            f"SELECT {FULL} FROM orch8.get_sequence(%s, %s, %s, %s::integer)",
-            (g.tenant, namespace, name, version),
-        ).fetchone()
-    if row is None or row["id"] is None:
-        label = f"sequence {namespace}/{name}" + (f" version {version}" if version else "")
-        raise not_found(label)
-    return answer(row)
+        row = sqlapi.sequences.get_sequence(
+            conn, tenant_id=g.tenant, namespace=path.namespace, name=path.name, version=version
+        )
+    if row is None:
+        which = f" version {version}" if version else ""
+        raise Problem(404, "not found", f"sequence {path.namespace}/{path.name}{which} not found")
+    return Sequence.model_validate(row)
 
 
 @bp.get("/sequences/<namespace>/<name>")
-@require(*OPERATOR)
-def get_latest(namespace: str, name: str):
-    query({})
-    return _get(namespace, name, None)
+@operation(roles=OPERATOR, ok={200: Sequence}, errors=READ, tag=TAG, operation_id="getSequence")
+def get_latest(path: SequencePath) -> Sequence:
+    """The latest version of a sequence, with its definition"""
+    return _get(path, None)
 
 
 @bp.get("/sequences/<namespace>/<name>/versions/<version>")
-@require(*OPERATOR)
-def get_version(namespace: str, name: str, version: str):
-    query({})
-    return _get(namespace, name, path_int(version, "version", INT32_MAX))
+@operation(
+    roles=OPERATOR, ok={200: Sequence}, errors=READ, tag=TAG, operation_id="getSequenceVersion"
+)
+def get_version(path: SequenceVersionPath) -> Sequence:
+    """One version of a sequence, with its definition"""
+    return _get(path, path.version)
 
 
 @bp.get("/sequences/<namespace>/<name>/versions")
-@require(*OPERATOR)
-def list_versions(namespace: str, name: str):
-    query({})
-    namespace, name = path_text(namespace, "namespace"), path_text(name, "name")
+@operation(
+    roles=OPERATOR,
+    ok={200: SequenceVersionList},
+    errors=READ,
+    tag=TAG,
+    operation_id="listSequenceVersions",
+)
+def list_versions(path: SequencePath) -> SequenceVersionList:
+    """Every version of a sequence, oldest first, without definitions"""
     with tenant_tx() as conn:
-        rows = conn.execute(
-            f"SELECT {SUMMARY} FROM orch8.sequences"
-            " WHERE tenant_id = %s AND namespace = %s AND name = %s ORDER BY version",
-            (g.tenant, namespace, name),
-        ).fetchall()
+        rows: list[dict[str, Any]] = sqlapi.sequences.sequence_versions(
+            conn, tenant_id=g.tenant, namespace=path.namespace, name=path.name
+        )
     if not rows:
-        raise not_found(f"sequence {namespace}/{name}")
-    return answer({"items": rows})
+        raise Problem(404, "not found", f"sequence {path.namespace}/{path.name} not found")
+    return SequenceVersionList.model_validate({"items": rows})

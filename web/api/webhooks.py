@@ -10,168 +10,178 @@ import uuid
 
 from flask import Blueprint, g
 
-from orch8_py.states import OUTBOX_STATES, WEBHOOK_EVENTS
+from orch8_py import sqlapi
 
-from ..auth import OPERATOR, require
+from ..auth import OPERATOR
 from ..db import tenant_tx
-from .validation import (
-    INT64_MAX,
-    LIMIT,
-    Field,
-    answer,
-    cursor,
-    cursor_int,
-    encode_cursor,
-    json_body,
-    not_found,
-    one_of,
-    path_int,
-    path_uuid,
-    query,
+from ..problems import Problem
+from .cursors import encode_cursor
+from .models.base import NoBody
+from .models.webhooks import (
+    DeliveryMove,
+    DeliveryPage,
+    DeliveryPath,
+    OutboxQuery,
+    Subscription,
+    SubscriptionCreate,
+    SubscriptionCreated,
+    SubscriptionList,
+    SubscriptionPath,
+    SubscriptionWithSecret,
 )
+from .spec import READ, WRITE, operation
 
 bp = Blueprint("webhooks", __name__)
-
-COLUMNS = (
-    "id, subscription_id, event, instance_id, payload, state, attempts, next_attempt_at,"
-    " last_error, last_status, claimed_by, claim_expires_at, created_at, delivered_at"
-)
-NO_FIELDS: dict[str, Field] = {}
-
-# what is read back of a subscription: never its secret
-SUBSCRIPTION = "id, url, events, enabled, created_at"
-SUBSCRIBE = {
-    # the URL's rules (http:// or https:// with a host) are create_webhook_subscription's
-    "url": Field(str, required=True),
-    "events": Field(list, nullable=True, enum=WEBHOOK_EVENTS, min=1),  # default: every event
-    "secret": Field(str, nullable=True, min_bytes=1),  # default: generated, answered once
-}
+TAG = "webhooks"
+AT_ID = {"subscription_id": "$response.body#/id"}
 
 
-# --- subscriptions -----------------------------------------------------------------------
-
-
-def _load_subscription(conn, sub_id: uuid.UUID) -> dict:
-    row = conn.execute(
-        f"SELECT {SUBSCRIPTION} FROM orch8.webhook_subscriptions WHERE tenant_id = %s AND id = %s",
-        (g.tenant, sub_id),
-    ).fetchone()
-    if row is None:
-        raise not_found(f"webhook subscription {sub_id}")
-    return row
+# --- subscriptions ---------------------------------------------------------------------------
 
 
 @bp.get("/webhooks/subscriptions")
-@require(*OPERATOR)
-def subscriptions():
-    query({})
+@operation(
+    roles=OPERATOR,
+    ok={200: SubscriptionList},
+    errors=READ,
+    tag=TAG,
+    operation_id="listWebhookSubscriptions",
+)
+def subscriptions() -> SubscriptionList:
+    """The tenant's webhook subscriptions, oldest first (never their secrets)"""
     with tenant_tx() as conn:
-        rows = conn.execute(
-            f"SELECT {SUBSCRIPTION} FROM orch8.webhook_subscriptions WHERE tenant_id = %s"
-            " ORDER BY created_at, id",
-            (g.tenant,),
-        ).fetchall()
-    return answer({"items": rows})
+        rows = sqlapi.webhooks.list_subscriptions(conn, tenant_id=g.tenant)
+    return SubscriptionList.model_validate({"items": rows})
 
 
 @bp.post("/webhooks/subscriptions")
-@require(*OPERATOR)
-def subscribe():
-    query({})
-    body = json_body(SUBSCRIBE)
-    generated = "secret" not in body
-    secret = secrets.token_urlsafe(32) if generated else body["secret"]
+@operation(
+    roles=OPERATOR,
+    ok={201: SubscriptionCreated},
+    errors=WRITE,
+    tag=TAG,
+    operation_id="createWebhookSubscription",
+    links={
+        201: {
+            "GetSubscription": ("getWebhookSubscription", AT_ID),
+            "DisableSubscription": ("disableWebhookSubscription", AT_ID),
+            "EnableSubscription": ("enableWebhookSubscription", AT_ID),
+        }
+    },
+)
+def subscribe(json: SubscriptionCreate) -> tuple[SubscriptionCreated, int]:
+    """Subscribe a URL (orch8.create_webhook_subscription)
+
+    Without a secret one is generated and answered once, as `secret`; a secret you send
+    is never echoed."""
+    generated = json.secret is None
+    secret = secrets.token_urlsafe(32) if json.secret is None else json.secret
     with tenant_tx() as conn:
-        sub_id = conn.execute(
-            "SELECT orch8.create_webhook_subscription(%s, %s, %s, %s::text[]) AS id",
-            (g.tenant, body["url"], secret, body.get("events", list(WEBHOOK_EVENTS))),
-        ).fetchone()["id"]
-        row = _load_subscription(conn, sub_id)
-    if generated:
-        row["secret"] = secret  # shown this once: it is never read back
-    return answer(row, 201)
+        sub_id = sqlapi.webhooks.create_subscription(
+            conn, tenant_id=g.tenant, url=json.url, secret=secret, events=json.events
+        )
+        row = _load(conn, sub_id)
+    made: Subscription = (
+        SubscriptionWithSecret.model_validate({**row, "secret": secret})
+        if generated
+        else Subscription.model_validate(row)
+    )
+    return SubscriptionCreated(made), 201
+
+
+def _load(conn: sqlapi.Conn, sub_id: uuid.UUID) -> dict[str, object]:
+    row = sqlapi.webhooks.get_subscription(conn, tenant_id=g.tenant, subscription_id=sub_id)
+    if row is None:
+        raise Problem(404, "not found", f"webhook subscription {sub_id} not found")
+    return row
 
 
 @bp.get("/webhooks/subscriptions/<subscription_id>")
-@require(*OPERATOR)
-def subscription(subscription_id: str):
-    query({})
-    sid = path_uuid(subscription_id)
+@operation(
+    roles=OPERATOR,
+    ok={200: Subscription},
+    errors=READ,
+    tag=TAG,
+    operation_id="getWebhookSubscription",
+)
+def subscription(path: SubscriptionPath) -> Subscription:
+    """One webhook subscription (never its secret)"""
     with tenant_tx() as conn:
-        return answer(_load_subscription(conn, sid))
+        return Subscription.model_validate(_load(conn, path.subscription_id))
 
 
-def _set_enabled(subscription_id: str, enabled: bool):
-    query({})
-    sid = path_uuid(subscription_id)
-    json_body(NO_FIELDS, optional=True)
+def _set_enabled(subscription_id: uuid.UUID, enabled: bool) -> Subscription:
     with tenant_tx() as conn:
-        row = conn.execute(
-            f"SELECT {SUBSCRIPTION} FROM orch8.set_webhook_subscription_enabled(%s, %s, %s)",
-            (g.tenant, sid, enabled),
-        ).fetchone()
-    return answer(row)
+        row = sqlapi.webhooks.set_subscription_enabled(
+            conn, tenant_id=g.tenant, subscription_id=subscription_id, enabled=enabled
+        )
+    # `changed` (whether this call changed it) is not answered: doing either twice answers
+    # the same, the subscription as it is now
+    row.pop("changed")
+    return Subscription.model_validate(row)
 
 
 @bp.post("/webhooks/subscriptions/<subscription_id>/disable")
-@require(*OPERATOR)
-def disable(subscription_id: str):
-    return _set_enabled(subscription_id, False)
+@operation(
+    roles=OPERATOR,
+    ok={200: Subscription},
+    errors=WRITE,
+    tag=TAG,
+    operation_id="disableWebhookSubscription",
+)
+def disable(path: SubscriptionPath, json: NoBody) -> Subscription:
+    """No new events for this subscription; its queued deliveries wait"""
+    return _set_enabled(path.subscription_id, False)
 
 
 @bp.post("/webhooks/subscriptions/<subscription_id>/enable")
-@require(*OPERATOR)
-def enable(subscription_id: str):
-    return _set_enabled(subscription_id, True)
+@operation(
+    roles=OPERATOR,
+    ok={200: Subscription},
+    errors=WRITE,
+    tag=TAG,
+    operation_id="enableWebhookSubscription",
+)
+def enable(path: SubscriptionPath, json: NoBody) -> Subscription:
+    """Events again for this subscription, and its queued deliveries go out"""
+    return _set_enabled(path.subscription_id, True)
 
 
-# --- the outbox --------------------------------------------------------------------------
+# --- the outbox ------------------------------------------------------------------------------
 
 
 @bp.get("/webhooks/outbox")
-@require(*OPERATOR)
-def outbox():
-    q = query(
-        {"state": one_of(*OUTBOX_STATES), "limit": LIMIT, "cursor": cursor(cursor_int)},
-        {"limit": 50},
-    )
-    where = ["tenant_id = %s"]
-    args: list = [g.tenant]
-    if "state" in q:
-        where.append("state = %s")
-        args.append(q["state"])
-    if "cursor" in q:
-        where.append("id < %s")
-        args.append(q["cursor"][0])
+@operation(
+    roles=OPERATOR, ok={200: DeliveryPage}, errors=READ, tag=TAG, operation_id="listDeliveries"
+)
+def outbox(query: OutboxQuery) -> DeliveryPage:
+    """Webhook deliveries, newest first"""
     with tenant_tx() as conn:
-        rows = conn.execute(
-            f"SELECT {COLUMNS} FROM orch8.webhook_outbox WHERE {' AND '.join(where)}"
-            " ORDER BY id DESC LIMIT %s",
-            [*args, q["limit"] + 1],
-        ).fetchall()
-    items = rows[: q["limit"]]
-    next_cursor = encode_cursor(items[-1]["id"]) if len(rows) > q["limit"] else None
-    return answer({"items": items, "next_cursor": next_cursor})
-
-
-def _move(delivery_id: str, function: str):
-    query({})
-    did = path_int(delivery_id, "id", INT64_MAX)
-    json_body(NO_FIELDS, optional=True)
-    with tenant_tx() as conn:
-        state = conn.execute(
-            f"SELECT orch8.{function}(%s, %s::bigint) AS state", (g.tenant, did)
-        ).fetchone()["state"]
-    return answer({"id": did, "state": state})
+        rows = sqlapi.webhooks.list_deliveries(
+            conn,
+            tenant_id=g.tenant,
+            limit=query.limit + 1,
+            state=query.state,
+            before_id=query.cursor[0] if query.cursor else None,
+        )
+    items = rows[: query.limit]
+    next_cursor = encode_cursor(items[-1]["id"]) if len(rows) > query.limit else None
+    return DeliveryPage.model_validate({"items": items, "next_cursor": next_cursor})
 
 
 @bp.post("/webhooks/outbox/<delivery_id>/redeliver")
-@require(*OPERATOR)
-def redeliver(delivery_id: str):
-    return _move(delivery_id, "redeliver_webhook")
+@operation(roles=OPERATOR, ok={200: DeliveryMove}, errors=WRITE, tag=TAG, operation_id="redeliver")
+def redeliver(path: DeliveryPath, json: NoBody) -> DeliveryMove:
+    """Send a parked, discarded or delivered delivery again (orch8.redeliver_webhook)"""
+    with tenant_tx() as conn:
+        state = sqlapi.webhooks.redeliver(conn, tenant_id=g.tenant, delivery_id=path.delivery_id)
+    return DeliveryMove(id=path.delivery_id, state=state)
 
 
 @bp.post("/webhooks/outbox/<delivery_id>/discard")
-@require(*OPERATOR)
-def discard(delivery_id: str):
-    return _move(delivery_id, "discard_webhook")
+@operation(roles=OPERATOR, ok={200: DeliveryMove}, errors=WRITE, tag=TAG, operation_id="discard")
+def discard(path: DeliveryPath, json: NoBody) -> DeliveryMove:
+    """Give up on a pending or parked delivery (orch8.discard_webhook)"""
+    with tenant_tx() as conn:
+        state = sqlapi.webhooks.discard(conn, tenant_id=g.tenant, delivery_id=path.delivery_id)
+    return DeliveryMove(id=path.delivery_id, state=state)

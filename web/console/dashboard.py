@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from flask import g
+from flask.typing import ResponseReturnValue
+
+from orch8_py import sqlapi
 
 from ..db import tenant_tx
 from .blueprint import bp
@@ -12,28 +15,12 @@ from .session import login_required
 
 @bp.get("/")
 @login_required
-def dashboard():
+def dashboard() -> ResponseReturnValue:
     with tenant_tx(g.tenant) as conn:
-        states = conn.execute(
-            "SELECT s.state::text AS state, count(t.id) AS n"
-            " FROM unnest(enum_range(NULL::orch8.instance_state)) AS s(state)"
-            " LEFT JOIN orch8.task_instances AS t ON t.tenant_id = %s AND t.state = s.state"
-            " GROUP BY s.state ORDER BY s.state",
-            (g.tenant,),
-        ).fetchall()
-        queue = conn.execute(
-            "SELECT count(*) AS depth, max(age) AS oldest,"
-            " count(*) FILTER (WHERE state = 'unknown') AS unknown,"
-            " count(*) FILTER (WHERE state = 'dispatched') AS dispatched"
-            " FROM orch8.unresolved_effects WHERE tenant_id = %s",
-            (g.tenant,),
-        ).fetchone()
-        failed = conn.execute(
-            "SELECT id, error, updated_at FROM orch8.task_instances"
-            " WHERE tenant_id = %s AND state = 'failed'"
-            " ORDER BY updated_at DESC, id DESC LIMIT 10",
-            (g.tenant,),
-        ).fetchall()
+        counts = sqlapi.instances.count_by_state(conn, tenant_id=g.tenant)
+        states = [{"state": state, "n": n} for state, n in counts.items()]
+        queue = sqlapi.effects.unresolved_summary(conn, tenant_id=g.tenant)
+        failed = sqlapi.instances.recent_failures(conn, tenant_id=g.tenant, limit=10)
         return page(
             "dashboard.html",
             conn,

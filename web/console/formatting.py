@@ -20,7 +20,7 @@ def format_ts(value: Any) -> str:
     if isinstance(value, dt.datetime):
         if value.tzinfo is not None:
             value = value.astimezone(dt.UTC)
-        return value.strftime("%Y-%m-%d %H:%M:%S UTC")
+        return str(value.strftime("%Y-%m-%d %H:%M:%S UTC"))
     return str(value)
 
 
@@ -53,11 +53,15 @@ def format_json(value: Any) -> str:
 
 
 def engine_message(exc: errors.Orch8Error) -> str:
-    """What a person reads for an engine refusal (the message, plus its DETAIL if any)."""
+    """What a person reads for an engine refusal: the message, and the current state or the
+    allowed moves when the engine named them."""
     message = str(exc)
     if isinstance(exc, errors.StaleEffect) and "reload" not in message:
         message = f"reload before resolving: {message}"
-    detail = getattr(exc, "detail", None)
-    if detail and detail not in message:
-        message = f"{message} ({detail})"
+    facts = exc.facts
+    if facts.get("current_state") and str(facts["current_state"]) not in message:
+        message = f"{message} (current state: {facts['current_state']})"
+    if facts.get("allowed_states") is not None:
+        allowed = ", ".join(facts["allowed_states"]) or "none"
+        message = f"{message} (it can be resolved to: {allowed})"
     return message

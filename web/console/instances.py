@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 
 from flask import abort, flash, g, redirect, request, url_for
+from flask.typing import ResponseReturnValue
 
-from orch8_py import errors
-from orch8_py.states import INSTANCE_STATES
+from orch8_py import errors, rules, sqlapi
+from orch8_py.sqlapi import Row
 
-from ..api.validation import cursor, cursor_time, cursor_uuid, encode_cursor
+from ..api.cursors import cursor, cursor_time, cursor_uuid, encode_cursor
 from ..db import tenant_tx
 from .blueprint import bp, log
 from .formatting import engine_message
@@ -20,10 +22,11 @@ from .session import login_required, write_required
 PAGE_SIZE = 25
 PAGE_CURSOR = cursor(cursor_time, cursor_uuid)  # the REST API's (created_at, id) cursor
 
-CANCELLABLE = ("scheduled", "running", "waiting", "paused")
+# states an operator may cancel from (a running one at its next step boundary)
+CANCELLABLE = tuple(s for s, to in rules.INSTANCE_TRANSITIONS.items() if "cancelled" in to)
 
 
-def _page_cursor(name: str) -> tuple | None:
+def _page_cursor(name: str) -> tuple[dt.datetime, uuid.UUID] | None:
     value = request.args.get(name)
     if value is None:
         return None
@@ -39,41 +42,30 @@ def _page_cursor(name: str) -> tuple | None:
 
 @bp.get("/instances")
 @login_required
-def instances():
+def instances() -> ResponseReturnValue:
     """Newest first, keyset-paged on (created_at, id) like the REST API: ``cursor`` is
     the page of instances older than it, ``newer`` the page just newer than it. Instances
     created meanwhile are newer than every cursor, so a walk never repeats or skips one."""
     state = request.args.get("state") or None
-    if state is not None and state not in INSTANCE_STATES:
+    if state is not None and state not in rules.INSTANCE_STATES:
         abort(400, f"unknown instance state {state!r}")
     older = _page_cursor("cursor")
     newer = _page_cursor("newer")
     if older is not None and newer is not None:
         abort(400, "give cursor or newer, not both")
-    where = "t.tenant_id = %s AND (%s::text IS NULL OR t.state = %s::orch8.instance_state)"
-    args: list = [g.tenant, state, state]
-    order = "DESC"
-    if older is not None:
-        where += " AND (t.created_at, t.id) < (%s, %s)"
-        args.extend(older)
-    elif newer is not None:
-        where += " AND (t.created_at, t.id) > (%s, %s)"
-        args.extend(newer)
-        order = "ASC"  # the nearest newer ones, turned newest first below
     with tenant_tx(g.tenant) as conn:
-        rows = conn.execute(
-            "SELECT t.id, t.state::text AS state, t.current_block, t.error, t.created_at,"
-            " t.updated_at, t.sequence_version, s.namespace, s.name"
-            " FROM orch8.task_instances AS t"
-            " LEFT JOIN orch8.sequences AS s ON s.tenant_id = t.tenant_id AND s.id = t.sequence_id"
-            f" WHERE {where}"
-            f" ORDER BY t.created_at {order}, t.id {order} LIMIT %s",
-            (*args, PAGE_SIZE + 1),
-        ).fetchall()
+        rows = sqlapi.instances.list_instances(
+            conn,
+            tenant_id=g.tenant,
+            state=state,
+            limit=PAGE_SIZE + 1,
+            older_than=older,
+            newer_than=newer,
+        )
         more = len(rows) > PAGE_SIZE
-        rows = rows[:PAGE_SIZE]
+        # newest first; of a newer page, the nearest PAGE_SIZE newer ones
+        rows = rows[-PAGE_SIZE:] if newer is not None else rows[:PAGE_SIZE]
         if newer is not None:
-            rows.reverse()
             has_newer, has_older = more, True  # the cursor's own row is older
         else:
             has_newer, has_older = older is not None, more
@@ -85,45 +77,31 @@ def instances():
             older_cursor=_key(rows[-1]) if rows and has_older else None,
             paged=older is not None or newer is not None,
             state=state,
-            states=INSTANCE_STATES,
+            states=rules.INSTANCE_STATES,
         )
 
 
-def _key(row: dict) -> str:
+def _key(row: Row) -> str:
     return encode_cursor(row["created_at"], row["id"])
 
 
 @bp.get("/instances/<uuid:instance_id>")
 @login_required
-def instance(instance_id: uuid.UUID):
+def instance(instance_id: uuid.UUID) -> ResponseReturnValue:
     with tenant_tx(g.tenant) as conn:
-        inst = conn.execute(
-            "SELECT t.*, t.state::text AS state, t.requested_state::text AS requested_state,"
-            " s.namespace, s.name"
-            " FROM orch8.task_instances AS t"
-            " LEFT JOIN orch8.sequences AS s ON s.tenant_id = t.tenant_id AND s.id = t.sequence_id"
-            " WHERE t.tenant_id = %s AND t.id = %s",
-            (g.tenant, instance_id),
-        ).fetchone()
+        inst = sqlapi.instances.get_instance(conn, tenant_id=g.tenant, instance_id=instance_id)
         if inst is None:
             abort(404)
-        outputs = conn.execute(
-            "SELECT block_id, seq, attempt, sentinel, output, retryable, effect_id, created_at"
-            " FROM orch8.block_outputs WHERE tenant_id = %s AND instance_id = %s ORDER BY seq",
-            (g.tenant, instance_id),
-        ).fetchall()
-        receipts = conn.execute(
-            "SELECT *, state::text AS state FROM orch8.effect_receipts"
-            " WHERE tenant_id = %s AND instance_id = %s ORDER BY created_at, id",
-            (g.tenant, instance_id),
-        ).fetchall()
+        outputs = sqlapi.instances.instance_outputs(
+            conn, tenant_id=g.tenant, instance_id=instance_id
+        )
+        receipts = sqlapi.effects.receipts_of_instance(
+            conn, tenant_id=g.tenant, instance_id=instance_id
+        )
         events = receipt_events(conn, [r["id"] for r in receipts])
-        transitions = conn.execute(
-            "SELECT seq, from_state::text AS from_state, to_state::text AS to_state, actor,"
-            " reason, at FROM orch8.instance_transitions"
-            " WHERE tenant_id = %s AND instance_id = %s ORDER BY seq",
-            (g.tenant, instance_id),
-        ).fetchall()
+        transitions = sqlapi.instances.instance_audit(
+            conn, tenant_id=g.tenant, instance_id=instance_id
+        )
         blocking = [r for r in receipts if r["state"] in ("unknown", "dispatched")]
         return page(
             "instance.html",
@@ -142,20 +120,19 @@ def instance(instance_id: uuid.UUID):
 @bp.post("/instances/<uuid:instance_id>/retry")
 @login_required
 @write_required
-def retry(instance_id: uuid.UUID):
+def retry(instance_id: uuid.UUID) -> ResponseReturnValue:
     try:
         with tenant_tx(g.tenant) as conn:
-            row = conn.execute(
-                "SELECT * FROM orch8.retry_instance(%s, %s, %s)", (g.tenant, instance_id, g.actor)
-            ).fetchone()
+            done = sqlapi.instances.retry_instance(
+                conn, tenant_id=g.tenant, instance_id=instance_id, actor=g.actor
+            )
     except errors.NotFound:
         abort(404)
     except errors.Orch8Error as exc:
         flash(f"Retry refused: {engine_message(exc)}", "error")
     else:
-        outcome = row["outcome"] if row else "done"
-        detail = f": {row['detail']}" if row and row.get("detail") else ""
-        flash(f"Retried ({outcome}){detail}.", "ok")
+        detail = f": {done.detail}" if done.detail else ""
+        flash(f"Retried ({done.outcome}){detail}.", "ok")
         log.info(
             "event=console.retry tenant=%s instance=%s actor=%s", g.tenant, instance_id, g.actor
         )
@@ -165,13 +142,17 @@ def retry(instance_id: uuid.UUID):
 @bp.post("/instances/<uuid:instance_id>/cancel")
 @login_required
 @write_required
-def cancel(instance_id: uuid.UUID):
+def cancel(instance_id: uuid.UUID) -> ResponseReturnValue:
     try:
         with tenant_tx(g.tenant) as conn:
-            outcome = conn.execute(
-                "SELECT orch8.cancel_instance(%s, %s, %s, 'cancelled from the console') AS o",
-                (g.tenant, instance_id, g.actor),
-            ).fetchone()["o"]
+            outcome = sqlapi.instances.request_instance_state(
+                conn,
+                move="cancel",
+                tenant_id=g.tenant,
+                instance_id=instance_id,
+                actor=g.actor,
+                reason="cancelled from the console",
+            )
     except errors.NotFound:
         abort(404)
     except errors.Orch8Error as exc:

@@ -5,24 +5,26 @@ from __future__ import annotations
 import time
 
 from flask import flash, redirect, render_template, request, session, url_for
+from flask.blueprints import BlueprintSetupState
+from flask.typing import ResponseReturnValue
 
 from ..auth import authenticate
 from .blueprint import bp, log
 from .session import CONSOLE_ROLES, SESSION_KEY, csrf_token, current_user, safe_next
 
 
-def root():
+def root() -> ResponseReturnValue:
     return redirect(url_for("console.dashboard"))
 
 
 @bp.record_once
-def _register_root(state) -> None:
+def _register_root(state: BlueprintSetupState) -> None:
     """``/`` leads people to the console (registered with the blueprint, once per app)."""
     state.app.add_url_rule("/", endpoint="console_root", view_func=root, methods=["GET"])
 
 
 @bp.route("/login", methods=["GET", "POST"])
-def login():
+def login() -> ResponseReturnValue:
     next_url = safe_next(request.values.get("next"))
     if request.method == "GET":
         if current_user() is not None:
@@ -33,29 +35,29 @@ def login():
     if principal is None:
         flash("Unknown or revoked API key.", "error")
         return render_template("console/login.html", user=None, next_url=next_url), 401
-    if principal["role"] not in CONSOLE_ROLES:
-        flash(f"A {principal['role']} key cannot use the console.", "error")
+    if principal.role not in CONSOLE_ROLES:
+        flash(f"A {principal.role} key cannot use the console.", "error")
         return render_template("console/login.html", user=None, next_url=next_url), 403
     session.clear()  # a fresh session (and CSRF token) for the new identity
     session[SESSION_KEY] = {
-        "tenant": principal["tenant"],
-        "role": principal["role"],
-        "key_id": str(principal["key_id"]),
-        "name": principal["name"],
+        "tenant": principal.tenant_id,
+        "role": principal.role,
+        "key_id": str(principal.key_id),
+        "name": principal.name,
         "at": time.time(),
     }
     csrf_token()
     log.info(
         "event=console.login tenant=%s key_id=%s role=%s",
-        principal["tenant"],
-        principal["key_id"],
-        principal["role"],
+        principal.tenant_id,
+        principal.key_id,
+        principal.role,
     )
     return redirect(next_url or url_for("console.dashboard"))
 
 
 @bp.post("/logout")
-def logout():
+def logout() -> ResponseReturnValue:
     session.clear()
     flash("Logged out.", "ok")
     return redirect(url_for("console.login"))

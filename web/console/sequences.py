@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from flask import abort, g
+from flask.typing import ResponseReturnValue
+
+from orch8_py import sqlapi
 
 from ..db import tenant_tx
 from .blueprint import bp
@@ -14,45 +17,43 @@ LIST_LIMIT = 500
 
 @bp.get("/sequences")
 @login_required
-def sequences():
+def sequences() -> ResponseReturnValue:
     with tenant_tx(g.tenant) as conn:
-        rows = conn.execute(
-            "SELECT namespace, name, max(version) AS latest, count(*) AS versions,"
-            " max(created_at) AS updated_at FROM orch8.sequences WHERE tenant_id = %s"
-            " GROUP BY namespace, name ORDER BY namespace, name LIMIT %s",
-            (g.tenant, LIST_LIMIT + 1),
-        ).fetchall()
+        rows = sqlapi.sequences.list_sequences(conn, tenant_id=g.tenant, limit=LIST_LIMIT + 1)
         return page("sequences.html", conn, rows=rows[:LIST_LIMIT], more=len(rows) > LIST_LIMIT)
 
 
 @bp.get("/sequences/<namespace>/<name>")
 @login_required
-def sequence(namespace: str, name: str):
+def sequence(namespace: str, name: str) -> ResponseReturnValue:
     with tenant_tx(g.tenant) as conn:
-        versions = conn.execute(
-            "SELECT s.id, s.version, s.created_at,"
-            " jsonb_array_length(coalesce(s.definition -> 'blocks', '[]')) AS blocks,"
-            " (SELECT count(*) FROM orch8.task_instances AS t"
-            "   WHERE t.tenant_id = s.tenant_id AND t.sequence_id = s.id) AS instances"
-            " FROM orch8.sequences AS s"
-            " WHERE s.tenant_id = %s AND s.namespace = %s AND s.name = %s"
-            " ORDER BY s.version DESC",
-            (g.tenant, namespace, name),
-        ).fetchall()
+        versions = sqlapi.sequences.sequence_versions(
+            conn, tenant_id=g.tenant, namespace=namespace, name=name
+        )
         if not versions:
             abort(404)
+        started = sqlapi.sequences.instances_per_version(
+            conn, tenant_id=g.tenant, namespace=namespace, name=name
+        )
+        versions = [{**v, "instances": started.get(v["version"], 0)} for v in reversed(versions)]
         return page("sequence.html", conn, namespace=namespace, name=name, versions=versions)
 
 
 @bp.get("/sequences/<namespace>/<name>/<int:version>")
 @login_required
-def sequence_version(namespace: str, name: str, version: int):
+def sequence_version(namespace: str, name: str, version: int) -> ResponseReturnValue:
     with tenant_tx(g.tenant) as conn:
-        row = conn.execute(
-            "SELECT id, version, created_at, definition FROM orch8.sequences"
-            " WHERE tenant_id = %s AND namespace = %s AND name = %s AND version = %s",
-            (g.tenant, namespace, name, version),
-        ).fetchone()
+        row = sqlapi.sequences.get_sequence(
+            conn, tenant_id=g.tenant, namespace=namespace, name=name, version=version
+        )
         if row is None:
             abort(404)
-        return page("sequence_version.html", conn, namespace=namespace, name=name, s=row)
+        problems = sqlapi.sequences.validate_sequence(conn, definition=row["definition"])
+        return page(
+            "sequence_version.html",
+            conn,
+            namespace=namespace,
+            name=name,
+            s=row,
+            problems=problems,
+        )

@@ -8,11 +8,16 @@ import hmac
 import secrets
 import time
 import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import psycopg
-from flask import abort, g, redirect, request, session, url_for
+from flask import Response, abort, g, redirect, request, session, url_for
+from flask.typing import ResponseReturnValue
 from psycopg_pool import PoolTimeout
+
+from orch8_py import sqlapi
 
 from ..db import pool
 from .blueprint import bp
@@ -27,14 +32,19 @@ WRITE_ROLES = ("operator", "admin")
 ACTING = "acting"
 
 
+# what the session keeps of who logged in: tenant, role, key_id, name, at (, acting)
+User = dict[str, Any]
+F = TypeVar("F", bound=Callable[..., ResponseReturnValue])
+
+
 def csrf_token() -> str:
     token = session.get(CSRF_KEY)
     if not token:
         token = session[CSRF_KEY] = secrets.token_urlsafe(32)
-    return token
+    return str(token)
 
 
-def current_user() -> dict | None:
+def current_user() -> User | None:
     user = session.get(SESSION_KEY)
     if not isinstance(user, dict):
         return None
@@ -44,9 +54,7 @@ def current_user() -> dict | None:
     # a revoked key ends its sessions at once
     try:
         with pool().connection() as conn:
-            active = conn.execute(
-                "SELECT orch8.api_key_active(%s)", (uuid.UUID(str(user["key_id"])),)
-            ).fetchone()[0]
+            active = sqlapi.keys.api_key_active(conn, key_id=uuid.UUID(str(user["key_id"])))
     except (PoolTimeout, psycopg.OperationalError):
         return user  # cannot check now; the page itself will report the outage
     if not active:
@@ -55,7 +63,7 @@ def current_user() -> dict | None:
     return user
 
 
-def acting_tenant(user: dict) -> str:
+def acting_tenant(user: User) -> str:
     """The tenant the session reads and writes in: an admin's chosen one, else the key's."""
     if user.get("role") == "admin" and user.get(ACTING):
         return str(user[ACTING])
@@ -78,9 +86,9 @@ def safe_next(target: str | None) -> str | None:
     return target
 
 
-def login_required(view):
+def login_required(view: F) -> F:
     @functools.wraps(view)
-    def wrapped(*args, **kwargs):
+    def wrapped(*args: Any, **kwargs: Any) -> ResponseReturnValue:
         user = current_user()
         if user is None:
             if request.method == "GET":
@@ -94,23 +102,23 @@ def login_required(view):
         g.actor = f"key:{user['name']}"
         return view(*args, **kwargs)
 
-    return wrapped
+    return cast(F, wrapped)
 
 
-def write_required(view):
+def write_required(view: F) -> F:
     """For POST actions: operators and admins only (checked after login_required)."""
 
     @functools.wraps(view)
-    def wrapped(*args, **kwargs):
+    def wrapped(*args: Any, **kwargs: Any) -> ResponseReturnValue:
         if not can_write():
             abort(403, f"a {g.role} key can only read: this action needs an operator key")
         return view(*args, **kwargs)
 
-    return wrapped
+    return cast(F, wrapped)
 
 
 @bp.before_request
-def _check_csrf():
+def _check_csrf() -> None:
     if request.method not in ("POST", "PUT", "PATCH", "DELETE"):
         return None
     expected = session.get(CSRF_KEY)
@@ -121,7 +129,7 @@ def _check_csrf():
 
 
 @bp.after_request
-def _headers(resp):
+def _headers(resp: Response) -> Response:
     resp.headers.setdefault(
         "Content-Security-Policy",
         "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
@@ -141,5 +149,5 @@ def _csrf_token_global() -> str:
 
 
 @bp.app_template_global("console_acting_tenant")
-def _acting_tenant_global(user: dict) -> str:
+def _acting_tenant_global(user: User) -> str:
     return acting_tenant(user)

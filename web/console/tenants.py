@@ -11,41 +11,18 @@ from __future__ import annotations
 
 import psycopg
 from flask import abort, flash, g, redirect, request, session, url_for
+from flask.typing import ResponseReturnValue
 from psycopg_pool import PoolTimeout
 
-from ..auth import TENANT_RE
+from orch8_py import sqlapi
+
+from ..auth import TENANT_RE, TENANT_RULE
 from ..db import pool
 from .blueprint import bp, log
 from .session import ACTING, SESSION_KEY, login_required
 
 KNOWN_LIMIT = 500  # tenants offered in the datalist
 KNOWN_TIMEOUT = "2s"
-
-# The distinct tenant ids of sequences and instances, each by a skip scan of the primary
-# key (tenant_id, id): one index probe per tenant, not a scan of every row.
-KNOWN_TENANTS = """
-WITH RECURSIVE
-s(tenant, n) AS (
-    SELECT min(tenant_id), 1 FROM orch8.sequences
-    UNION ALL
-    SELECT (SELECT min(x.tenant_id) FROM orch8.sequences AS x WHERE x.tenant_id > s.tenant),
-           s.n + 1
-    FROM s WHERE s.tenant IS NOT NULL AND s.n <= %(limit)s
-),
-i(tenant, n) AS (
-    SELECT min(tenant_id), 1 FROM orch8.task_instances
-    UNION ALL
-    SELECT (SELECT min(x.tenant_id) FROM orch8.task_instances AS x
-            WHERE x.tenant_id > i.tenant),
-           i.n + 1
-    FROM i WHERE i.tenant IS NOT NULL AND i.n <= %(limit)s
-)
-SELECT tenant FROM s WHERE tenant IS NOT NULL
-UNION
-SELECT tenant FROM i WHERE tenant IS NOT NULL
-ORDER BY 1
-LIMIT %(limit)s
-"""
 
 
 def known_tenants() -> list[str] | None:
@@ -61,14 +38,12 @@ def known_tenants() -> list[str] | None:
     if g.get("role") != "admin":
         return None
     if "console_known_tenants" in g:
-        return g.console_known_tenants
+        known: list[str] | None = g.console_known_tenants
+        return known
     tenants: list[str] | None = None
     try:
-        with pool().connection() as conn, conn.transaction():
-            conn.execute("SET TRANSACTION READ ONLY")
-            conn.execute("SELECT set_config('statement_timeout', %s, true)", (KNOWN_TIMEOUT,))
-            rows = conn.execute(KNOWN_TENANTS, {"limit": KNOWN_LIMIT}).fetchall()
-            tenants = [r[0] for r in rows]
+        with pool().connection() as conn:
+            tenants = sqlapi.tenancy.known_tenants(conn, limit=KNOWN_LIMIT, timeout=KNOWN_TIMEOUT)
     except (psycopg.Error, PoolTimeout) as exc:
         log.warning("event=console.tenant_list_unavailable error=%r", str(exc)[:200])
     g.console_known_tenants = tenants
@@ -81,16 +56,13 @@ def tenant_problem(value: str) -> str | None:
     if not value:
         return "enter the id of the tenant to act for."
     if not TENANT_RE.fullmatch(value):
-        return (
-            "a tenant id is 1-100 characters, each a letter A-Z or a-z, a digit, _ . or -"
-            " (the rule the API applies to X-Tenant-Id)."
-        )
+        return f"a tenant id is {TENANT_RULE} (the rule the API applies to X-Tenant-Id)."
     return None
 
 
 @bp.post("/tenant")
 @login_required
-def switch_tenant():
+def switch_tenant() -> ResponseReturnValue:
     if g.role != "admin":
         log.warning(
             "event=console.tenant_switch_refused key_id=%s actor=%s role=%s tenant=%s",

@@ -1,0 +1,157 @@
+"""Instances: starting one, the list and one instance, its outputs, audit trail and
+signals, and the operator's moves."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+from pydantic import Field
+
+from ..cursors import InstanceCursor
+from ..fields import (
+    DateTime,
+    IdempotencyKey,
+    Identifier,
+    InstanceState,
+    Int32,
+    Int64,
+    JsonObject,
+    Limit,
+    Note,
+    SequenceName,
+    SignalType,
+    Version,
+    optional,
+)
+from .base import Answer, Body, Path, Query
+
+
+class InstanceCreate(Body):
+    sequence: SequenceName = Field(description="the sequence's name")
+    namespace: Identifier | None = Field(default=None, description="default: `default`")
+    version: Version | None = Field(default=None, description="default: the latest")
+    data: JsonObject | None = None
+    config: JsonObject | None = None
+    priority: Int32 | None = Field(default=None, description="default: 0")
+    idempotency_key: IdempotencyKey | None = Field(
+        default=None, description="a key used before in the tenant answers that instance (200)"
+    )
+
+
+class InstanceSummary(Answer):
+    id: uuid.UUID
+    sequence_id: uuid.UUID
+    sequence_namespace: str
+    sequence_name: str
+    sequence_version: int
+    state: InstanceState
+    requested_state: InstanceState | None = Field(
+        description="a pause or cancel waiting for the running step to end"
+    )
+    current_block: str | None
+    priority: int
+    idempotency_key: str | None
+    parent_instance_id: uuid.UUID | None
+    error: str | None
+    next_fire_at: dt.datetime
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+
+class Instance(InstanceSummary):
+    context: dict[str, Any] = Field(description="{data, config, runtime}")
+    lease_owner: str | None
+    lease_expires_at: dt.datetime | None
+
+
+class InstanceCreated(Instance):
+    deduplicated: bool = Field(description="true: the idempotency key was used before")
+
+
+class InstancePage(Answer):
+    items: list[InstanceSummary]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null last")
+
+
+class Output(Answer):
+    seq: Int64
+    block_id: str
+    attempt: int
+    sentinel: str | None = Field(description="a runner's marker instead of an output, or null")
+    output: Any
+    retryable: bool | None
+    effect_id: uuid.UUID | None
+    created_at: dt.datetime
+
+
+class OutputList(Answer):
+    items: list[Output]
+
+
+class Transition(Answer):
+    seq: Int64
+    from_state: InstanceState | None
+    to_state: InstanceState
+    actor: str
+    reason: str | None
+    at: dt.datetime
+
+
+class TransitionList(Answer):
+    items: list[Transition]
+
+
+class Signal(Answer):
+    id: Int64
+    type: str
+    payload: Any
+    actor: str
+    outcome: str | None
+    created_at: dt.datetime
+
+
+class SignalList(Answer):
+    items: list[Signal]
+
+
+class SignalSend(Body):
+    type: SignalType = Field(description="cancel, pause and resume act; any other is recorded")
+    payload: JsonObject | None = None
+
+
+class Reason(Body):
+    reason: Note | None = Field(default=None, description="kept in the audit trail")
+
+
+class InstanceMove(Answer):
+    id: uuid.UUID
+    outcome: str = Field(description="what the SQL function answered")
+    state: InstanceState
+    requested_state: InstanceState | None
+
+
+class SignalSent(InstanceMove):
+    signal_id: Int64
+
+
+class RetryResult(InstanceMove):
+    outcome: str = Field(description="completed_from_evidence or rerun (orch8.retry_instance)")
+    block_id: str | None
+    effect_id: uuid.UUID | None
+    detail: str | None
+
+
+class InstanceListQuery(Query):
+    state: InstanceState | None = optional()
+    sequence: SequenceName | None = optional("the sequence's name")
+    namespace: Identifier | None = optional("the sequence's namespace")
+    created_after: DateTime | None = optional("created at or after (UTC without an offset)")
+    created_before: DateTime | None = optional("created before (UTC without an offset)")
+    limit: Limit = 50
+    cursor: InstanceCursor | None = optional()
+
+
+class InstancePath(Path):
+    instance_id: uuid.UUID
