@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: run test lint pgtap pytest bench chaos clean
+.PHONY: run test lint typecheck pgtap plpgsql-check pytest rules bench chaos clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/orch8 up
 
-## test: lint, the pgTAP suite, pytest
-test: lint pgtap pytest
+## test: lint, types, the pgTAP suite, plpgsql_check, pytest
+test: lint typecheck pgtap plpgsql-check pytest
 
 lint: $(STAMP)
 	@echo "== sqlfluff"
@@ -26,13 +26,25 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+typecheck: $(STAMP)
+	@echo "== mypy (strict on orch8_py and web)"
+	$(BIN)/mypy
+
 pgtap: $(STAMP)
 	@echo "== pgTAP (pg_prove)"
 	$(BIN)/python -m tests.run_pgtap
 
+plpgsql-check: $(STAMP)
+	@echo "== plpgsql_check"
+	$(BIN)/python -m tests.run_plpgsql_check
+
 pytest: $(STAMP)
 	@echo "== pytest"
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+## rules: regenerate orch8_py/rules.py from a freshly migrated database (after SQL changes)
+rules: $(STAMP)
+	$(BIN)/python -m tests.gen_rules
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -17,12 +17,12 @@ from psycopg import conninfo
 from tests import pgserver
 
 
-def skip_or_fail(reason: str) -> int:
+def skip_or_fail(reason: str, what: str = "pgTAP suite") -> int:
     if os.environ.get("CI", "").lower() == "true":
-        print(f"pgTAP: FAILED: {reason} (CI=true requires the SQL suite)", file=sys.stderr)
+        print(f"{what}: FAILED: {reason} (CI=true requires it)", file=sys.stderr)
         return 1
     bar = "!" * 78
-    print(f"{bar}\n!! pgTAP SUITE SKIPPED: {reason}\n{bar}", file=sys.stderr)
+    print(f"{bar}\n!! {what.upper()} SKIPPED: {reason}\n{bar}", file=sys.stderr)
     return 0
 
 
