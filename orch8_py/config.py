@@ -25,6 +25,7 @@ class Settings:
     lease: float
     heartbeat: float
     grace: float
+    verify_interval: float
 
     @property
     def embedded(self) -> bool:
@@ -69,6 +70,7 @@ def load() -> Settings:
         lease=_number("ORCH8_LEASE_SECONDS", 30.0, float),
         heartbeat=_number("ORCH8_HEARTBEAT_SECONDS", 10.0, float),
         grace=_number("ORCH8_GRACE_SECONDS", 30.0, float),
+        verify_interval=_number("ORCH8_VERIFY_INTERVAL", 0.5, float),
     )
     if settings.heartbeat >= settings.lease:
         raise ConfigError(

@@ -42,7 +42,7 @@ MAX_INT_BITS = 1024  # integers beyond this are refused (no giant-number DoS)
 MAX_STRING = 1 << 20  # characters of a string built by + (1 MiB)
 MAX_LIST = 100_000  # items of a list built by +
 
-ROOTS = ("data", "config", "runtime", "outputs")
+ROOTS = ("data", "config", "runtime", "outputs")  # a step's transform, assert, conditions
 
 
 class ExpressionError(StepError):
@@ -183,9 +183,10 @@ def _read_string(text: str, start: int) -> tuple[str, int]:
 
 
 class _Parser:
-    def __init__(self, text: str, tokens: list[Token]):
+    def __init__(self, text: str, tokens: list[Token], roots: tuple[str, ...]):
         self.text = text
         self.tokens = tokens
+        self.roots = roots
         self.i = 0
         self.depth = 0
 
@@ -349,9 +350,10 @@ class _Parser:
                 self.leave()
                 node = ("call", pos, value, args)
             else:
-                if value not in ROOTS:
+                if value not in self.roots:
                     self.fail(
-                        f"unknown name {value!r} (paths start with one of: {', '.join(ROOTS)};"
+                        f"unknown name {value!r} (paths start with one of:"
+                        f" {', '.join(self.roots)};"
                         " strings need quotes)",
                         pos,
                     )
@@ -815,16 +817,18 @@ def _unwrap(text: str) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
-def _compile(text: str) -> Expression:
+def _compile(text: str, roots: tuple[str, ...]) -> Expression:
     body = _unwrap(text)
     if not body.strip():
         raise ExpressionError("empty expression", text, 0)
     tokens = tokenize(body)
-    return Expression(body, _Parser(body, tokens).parse())
+    return Expression(body, _Parser(body, tokens, roots).parse())
 
 
-def compile(text: str) -> Expression:
-    """Parse ``text`` (a surrounding ``{{ }}`` is tolerated). Raises ExpressionError."""
+def compile(text: str, roots: tuple[str, ...] = ROOTS) -> Expression:
+    """Parse ``text`` (a surrounding ``{{ }}`` is tolerated) with the names ``roots``
+    (a verifier's expressions have their own, rules.VERIFY_EXPRESSION_ROOTS). Raises
+    ExpressionError."""
     if not isinstance(text, str):
         raise ExpressionError(f"an expression is a string, not {_type(text)}", str(text), None)
     if len(text) > MAX_LENGTH:
@@ -833,9 +837,9 @@ def compile(text: str) -> Expression:
             text,
             None,
         )
-    return _compile(text)
+    return _compile(text, roots)
 
 
-def evaluate(text: str, scope: dict[str, Any]) -> Any:
+def evaluate(text: str, scope: dict[str, Any], roots: tuple[str, ...] = ROOTS) -> Any:
     """Parse and evaluate ``text`` over ``scope`` (root name -> JSON value)."""
-    return compile(text).evaluate(scope)
+    return compile(text, roots).evaluate(scope)

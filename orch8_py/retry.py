@@ -8,13 +8,15 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from . import rules
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    max_attempts: int = 3
-    initial_backoff_ms: int = 1000
-    max_backoff_ms: int = 60000
-    backoff_multiplier: float = 2.0
+    max_attempts: int = int(rules.RETRY_DEFAULTS["max_attempts"])
+    initial_backoff_ms: int = int(rules.RETRY_DEFAULTS["initial_backoff"])
+    max_backoff_ms: int = int(rules.RETRY_DEFAULTS["max_backoff"])
+    backoff_multiplier: float = float(rules.RETRY_DEFAULTS["backoff_multiplier"])
     non_retryable_codes: tuple[str, ...] = ()
 
     @classmethod

@@ -36,7 +36,7 @@ EFFECT_TRANSITIONS = {'planned': ('prepared', 'abandoned'),
 
 INSTANCE_TRANSITIONS = {'scheduled': ('running', 'paused', 'cancelled'),
  'running': ('scheduled', 'waiting', 'paused', 'completed', 'failed', 'cancelled'),
- 'waiting': ('scheduled', 'paused', 'failed', 'cancelled'),
+ 'waiting': ('scheduled', 'paused', 'completed', 'failed', 'cancelled'),
  'paused': ('scheduled', 'cancelled'),
  'failed': ('scheduled', 'completed')}
 
@@ -52,10 +52,13 @@ LIMITS = {'block_id_chars': 200,
  'idempotency_key_bytes': 256,
  'note_bytes': 2000,
  'provider_receipt_id_bytes': 256,
+ 'resolution_output_bytes': 262144,
  'retry_max_attempts': 100,
  'sequence_blocks': 5000,
  'state_key_bytes': 256,
- 'state_value_bytes': 262144}
+ 'state_value_bytes': 262144,
+ 'verify_delay_ms': 86400000,
+ 'verify_tries': 50}
 
 PATTERNS = {'identifier': {'pattern': '^[A-Za-z0-9_.-]{1,100}$',
                 'rule': '1 to 100 characters among A-Z a-z 0-9 _ . -'},
@@ -73,6 +76,24 @@ TEMPLATE_ROOTS = ('data', 'config', 'outputs', 'instance_id', 'runtime')
 TEMPLATE_PLACEHOLDER = '\\{\\{(.*?)\\}\\}'
 
 TEMPLATE_EXPRESSION = "^(data|config|outputs|instance_id|runtime)((?:\\.[A-Za-z0-9_-]+)*)(?:\\s*\\|\\s*'([^']*)')?$"
+
+VERIFY_TEMPLATE_ROOTS = ('effect', 'params', 'data', 'config', 'instance_id')
+
+VERIFY_TEMPLATE_EXPRESSION = "^(effect|params|data|config|instance_id)((?:\\.[A-Za-z0-9_-]+)*)(?:\\s*\\|\\s*'([^']*)')?$"
+
+VERIFY_EXPRESSION_ROOTS = ('response', 'effect', 'params', 'data', 'config')
+
+AMBIGUITY_MODES = ('same_key', 'new_attempt', 'settle')
+
+VERIFICATION_METHODS = ('http', 'replay', 'handler')
+
+VERIFICATION_STATES = ('pending', 'escalated', 'settled')
+
+VERIFY_HTTP_METHODS = ('GET', 'POST')
+
+DEFAULT_VERIFY_SCHEDULE = (1000, 5000, 30000, 120000, 600000)
+
+RETRY_DEFAULTS = {'max_attempts': 3, 'initial_backoff': 1000, 'max_backoff': 60000, 'backoff_multiplier': 2.0}
 
 BUILTIN_HANDLERS = {'agent': {'side_effects': True, 'kind': 'model', 'implemented': False},
  'assert': {'side_effects': False, 'kind': None, 'implemented': True},
@@ -135,6 +156,12 @@ SEQUENCE_LANGUAGE = (('definition', 'blocks', True, 'a non-empty array of blocks
  ('step', 'params', True, "the handler's parameters, with {{ }} templates"),
  ('step', 'timeout', True, 'milliseconds the handler may run'),
  ('step', 'retry', True, 'the retry policy'),
+ ('step',
+  'provider_idempotency',
+  True,
+  'the provider deduplicates by the idempotency key: one key for every attempt, and a retry '
+  'after an ambiguous outcome resends under it'),
+ ('step', 'verify', True, 'how to settle an unknown outcome without a person'),
  ('step', 'delay', False, 'not supported yet'),
  ('step', 'rate_limit_key', False, 'not supported yet'),
  ('step', 'send_window', False, 'not supported yet'),
@@ -154,7 +181,38 @@ SEQUENCE_LANGUAGE = (('definition', 'blocks', True, 'a non-empty array of blocks
  ('retry', 'max_backoff', True, 'the longest wait, in milliseconds'),
  ('retry', 'backoff_multiplier', True, 'how the wait grows per attempt'),
  ('retry', 'non_retryable_codes', True, 'error codes that fail the step at once'),
+ ('retry',
+  'on_ambiguous',
+  True,
+  'after an ambiguous outcome: same_key, new_attempt or settle (orch8.ambiguity_modes)'),
  ('retry', 'retry_if', False, 'not supported yet'),
+ ('verify', 'http', True, 'a lookup request {method, url, headers} with {{ }} templates'),
+ ('verify',
+  'applied_if',
+  True,
+  'http: an expression over response, effect, params that is true when it happened'),
+ ('verify',
+  'not_applied_if',
+  True,
+  'http: an expression that is true when it did not happen (else inconclusive)'),
+ ('verify',
+  'receipt_path',
+  True,
+  "http: where the provider receipt id is in the lookup's output, e.g. json.id"),
+ ('verify',
+  'replay',
+  True,
+  'true: resend the identical request under the same key (needs provider_idempotency)'),
+ ('verify', 'handler', True, 'true: the Python verifier registered beside the handler'),
+ ('verify',
+  'schedule',
+  True,
+  'milliseconds before each try; after the last inconclusive one, escalated'),
+ ('verify', 'on_verified', True, 'continue (default) or stop'),
+ ('verify', 'on_not_applied', True, 'retry (default, within retry.max_attempts) or stop'),
+ ('verify_http', 'method', True, 'GET (default) or POST'),
+ ('verify_http', 'url', True, 'the lookup URL'),
+ ('verify_http', 'headers', True, 'an object of header name -> string'),
  ('invariant', 'name', True, 'unique among the invariants'),
  ('invariant', 'type', True, 'the rule'),
  ('invariant', 'kind', True, 'the effect kind it guards'),

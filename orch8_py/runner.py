@@ -8,8 +8,9 @@ refused (StaleLease) and stops quietly.
 
 Threads: the claim loop (the caller's), a pool of ``concurrency`` instance workers, a
 pool for handler calls (so a step can time out), a heartbeat thread extending the
-leases of in-flight instances, and a listener that wakes the claim loop on
-NOTIFY orch8_work (polling every ``poll_interval`` stays as the fallback).
+leases of in-flight instances, a listener that wakes the claim loop on
+NOTIFY orch8_work (polling every ``poll_interval`` stays as the fallback), the webhook
+deliverer, and the verifier loop (orch8_py.verifier) settling unknown receipts.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from .retry import RetryPolicy
 from .sqlapi.base import Conn
 from .sqlapi.steps import Claimed, Finished
 from .steps import Handler, NotApplied, StepContext, StepError
-from .templates import TemplateError, render
+from .templates import TemplateError, params_scope, render
+from .verifier import Verifier
 
 log = logging.getLogger("orch8.runner")
 
@@ -56,6 +58,8 @@ class Settings:
     poll_interval: float = 0.1
     grace: float = 30.0
     webhooks: bool = True  # also deliver the webhook outbox from this process
+    verifiers: bool = True  # also run the verifiers of unknown receipts from this process
+    verify_interval: float = 0.5  # seconds between looks for due verifications when idle
     worker_id: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
     )
@@ -104,6 +108,7 @@ class Runner:
         self.handler_pool = cf.ThreadPoolExecutor(
             self.handler_threads, thread_name_prefix="handler"
         )
+        self.verifier: Verifier | None = None  # the verifier loop, while run() runs it
         self.round_trips = 0  # database calls made on the step path (counted for the bench)
         self.ticks = 0
         self.steps_run = 0
@@ -186,6 +191,19 @@ class Runner:
             deliverer = WebhookDeliverer(self.url, f"{s.worker_id}:webhooks")
             helpers.append(
                 threading.Thread(target=deliverer.run, args=(stop,), name="webhooks", daemon=True)
+            )
+        if s.verifiers:
+            self.verifier = Verifier(
+                self._call,
+                f"{s.worker_id}:verifier",
+                interval=s.verify_interval,
+                lease_margin=s.lease,
+                fault=fault_point,
+            )
+            helpers.append(
+                threading.Thread(
+                    target=self.verifier.run, args=(stop,), name="verifier", daemon=True
+                )
             )
         for t in helpers:
             t.start()
@@ -348,17 +366,21 @@ class Runner:
             return self._fail(row, block_id, attempt, problem)
         name = block["handler"]
         try:
-            params = render(block.get("params") or {}, self._scope(row, attempt, outputs))
+            params = render(
+                block.get("params") or {}, params_scope(row.context, row.id, attempt, outputs)
+            )
         except TemplateError as exc:
             return self._fail(row, block_id, attempt, f"block {block_id!r}: {exc}")
 
-        effect_id = None
+        effect_id = idempotency_key = None
         if self.has_side_effects(name):
             began = self._begin(row, block_id, name, params, attempt)
             if began.outcome == "stopped":  # paused or cancelled by an operator
                 log.info("event=step.stopped %s state=%s", where, began.detail)
                 return Finished(began.detail or "paused", None, None)
             if began.outcome is not None and began.outcome != "dispatched":
+                # begin_step recorded why and moved the instance (failed, or waiting for
+                # the receipt's verifier): this runner stops here
                 log.warning(
                     "event=step.refused %s outcome=%s effect=%s state=%s detail=%r",
                     where,
@@ -367,8 +389,8 @@ class Runner:
                     began.state,
                     began.detail,
                 )
-                return Finished("failed", None, None)
-            effect_id = began.effect_id
+                return Finished("stopped", None, None)
+            effect_id, idempotency_key = began.effect_id, began.idempotency_key
             fault_point("after_dispatch")
 
         timeout = float(block.get("timeout", DEFAULT_STEP_TIMEOUT * 1000)) / 1000
@@ -379,6 +401,7 @@ class Runner:
             attempt=attempt,
             handler=name,
             effect_id=effect_id,
+            idempotency_key=idempotency_key,
             context=row.context,
             outputs=outputs,
             timeout=timeout,
@@ -431,18 +454,6 @@ class Runner:
             f"block {block_id!r}: handler {name!r} is not registered in this runner "
             "(load the module that registers it: --import MODULE or ORCH8_HANDLER_MODULES)"
         )
-
-    @staticmethod
-    def _scope(row: Claimed, attempt: int, outputs: dict[str, Any]) -> dict[str, Any]:
-        """What {{ templates }} in params see."""
-        context = row.context
-        return {
-            "data": context.get("data", {}),
-            "config": context.get("config", {}),
-            "outputs": outputs,
-            "instance_id": str(row.id),
-            "runtime": {**context.get("runtime", {}), "attempt": attempt},
-        }
 
     def _begin(
         self, row: Claimed, block_id: str, handler: str, params: dict[str, Any], attempt: int
@@ -530,6 +541,7 @@ def fault_point(name: str) -> None:
 
     after_dispatch: the receipt is dispatched, the handler has not run.
     before_finish: the handler of a side-effecting step returned, nothing recorded yet.
+    before_verdict: a verifier asked the provider, its verdict is not recorded yet.
     """
     if os.environ.get("ORCH8_FAULT_POINT") == name:
         log.warning("event=fault_point name=%s action=SIGKILL", name)

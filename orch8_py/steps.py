@@ -28,13 +28,21 @@ class StepError(Exception):
 
 
 class NotApplied(StepError):
-    """The handler can prove the effect was not applied (nothing left the process)."""
+    """The handler can prove the effect was not applied: nothing left the process, or
+    (``reached=True``) the provider answered with a definitive refusal."""
 
     def __init__(
-        self, message: str, evidence: dict[str, Any] | None = None, *, code: str | None = None
+        self,
+        message: str,
+        evidence: dict[str, Any] | None = None,
+        *,
+        code: str | None = None,
+        retryable: bool = True,
+        reached: bool = False,
     ):
-        super().__init__(message, code=code, retryable=True)
+        super().__init__(message, code=code, retryable=retryable)
         self.evidence: dict[str, Any] = {"error": message, **(evidence or {})}
+        self.reached = reached  # the provider saw the request and refused it
 
 
 class InstanceState(Protocol):
@@ -53,12 +61,76 @@ class StepContext:
     block_id: str
     attempt: int
     handler: str
-    effect_id: uuid.UUID | None  # set for side-effecting handlers: the idempotency key
+    effect_id: uuid.UUID | None  # set for side-effecting handlers: the receipt's id
     context: dict[str, Any]  # {"data": ..., "config": ..., "runtime": ...}
     outputs: dict[str, Any]  # block id -> latest output
     timeout: float  # seconds the handler has
     state: InstanceState | None = None  # per-instance key-value store, when the runner has one
     extra: dict[str, Any] = field(default_factory=dict)
+    # The key the receipt records, to send as the provider's idempotency key: the step's
+    # idempotency_key param, else one key for every attempt when the step declares
+    # provider_idempotency, else the effect id. None for pure handlers.
+    idempotency_key: str | None = None
 
 
 Handler = Callable[[dict[str, Any], StepContext], Any]
+
+
+# --- verifiers: settling an unknown receipt -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class EffectReceipt:
+    """The receipt a verifier settles, or an output is derived for (the ledger's row)."""
+
+    id: uuid.UUID
+    tenant_id: str
+    instance_id: uuid.UUID
+    block_id: str
+    attempt: int
+    handler: str
+    state: str
+    idempotency_key: str | None
+    provider_receipt_id: str | None
+    evidence: dict[str, Any]
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> EffectReceipt:
+        return cls(
+            id=uuid.UUID(str(row["id"])),
+            tenant_id=row["tenant_id"],
+            instance_id=uuid.UUID(str(row["instance_id"])),
+            block_id=row["block_id"],
+            attempt=row["attempt"],
+            handler=row["handler"],
+            state=row["state"],
+            idempotency_key=row.get("idempotency_key"),
+            provider_receipt_id=row.get("provider_receipt_id"),
+            evidence=row.get("evidence") or {},
+        )
+
+
+@dataclass(frozen=True)
+class Applied:
+    """A verifier's verdict: the effect happened. ``output`` is what the step would have
+    returned (the workflow continues with it); ``provider_receipt_id`` the provider's id."""
+
+    evidence: dict[str, Any]
+    provider_receipt_id: str | None = None
+    output: Any = None
+    has_output: bool = True  # False: derive it from the evidence as the handler defines
+
+
+@dataclass(frozen=True)
+class Inconclusive:
+    """A verifier's verdict: it could not tell (the next try follows the schedule)."""
+
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+Verdict = Applied | NotApplied | Inconclusive
+# verifier(params as sent, the receipt, the step's context) -> Applied | NotApplied | Inconclusive
+Verifier = Callable[[dict[str, Any], EffectReceipt, StepContext], Verdict]
+# output_from_evidence(evidence, the receipt, the step's params as written) -> output or None
+OutputDeriver = Callable[[dict[str, Any], EffectReceipt, dict[str, Any]], Any]

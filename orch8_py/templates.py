@@ -13,12 +13,24 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from . import rules
 
 PLACEHOLDER = re.compile(rules.TEMPLATE_PLACEHOLDER, re.DOTALL)
-EXPRESSION = re.compile(rules.TEMPLATE_EXPRESSION)
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """Which roots a placeholder may start with, and the expression pattern they make."""
+
+    roots: tuple[str, ...]
+    expression: re.Pattern[str]
+
+
+PARAMS = Grammar(rules.TEMPLATE_ROOTS, re.compile(rules.TEMPLATE_EXPRESSION))  # step params
+VERIFY = Grammar(rules.VERIFY_TEMPLATE_ROOTS, re.compile(rules.VERIFY_TEMPLATE_EXPRESSION))
 WHITESPACE = " \t\r\n"  # what the validator trims around an expression (btrim)
 
 _MISSING = object()
@@ -40,15 +52,15 @@ def _lookup(scope: dict[str, Any], root: str, path: str) -> Any:
     return value
 
 
-def _evaluate(placeholder: str, inner: str, scope: dict[str, Any]) -> Any:
+def _evaluate(placeholder: str, inner: str, scope: dict[str, Any], grammar: Grammar) -> Any:
     expr = inner.strip(WHITESPACE)
-    m = EXPRESSION.fullmatch(expr)
+    m = grammar.expression.fullmatch(expr)
     if not m:  # only in a definition stored before the validator checked templates
         first = re.match(r"[A-Za-z_][A-Za-z0-9_]*", expr)
-        if first and first.group(0) not in rules.TEMPLATE_ROOTS:
+        if first and first.group(0) not in grammar.roots:
             raise TemplateError(
                 f"unknown root {first.group(0)!r} in template {placeholder!r} "
-                f"(use one of {', '.join(rules.TEMPLATE_ROOTS)})"
+                f"(use one of {', '.join(grammar.roots)})"
             )
         raise TemplateError(f"cannot parse template {placeholder!r}")
     value = _lookup(scope, m.group(1), m.group(2))
@@ -60,7 +72,7 @@ def _evaluate(placeholder: str, inner: str, scope: dict[str, Any]) -> Any:
     return value
 
 
-def _render_string(text: str, scope: dict[str, Any]) -> Any:
+def _render_string(text: str, scope: dict[str, Any], grammar: Grammar) -> Any:
     matches = list(PLACEHOLDER.finditer(text))
     if "{{" in PLACEHOLDER.sub("", text):
         raise TemplateError(f"unclosed '{{{{' in {text!r}")
@@ -68,21 +80,34 @@ def _render_string(text: str, scope: dict[str, Any]) -> Any:
         return text
     only = matches[0]
     if len(matches) == 1 and text.strip() == only.group(0):
-        return _evaluate(only.group(0), only.group(1), scope)
+        return _evaluate(only.group(0), only.group(1), scope, grammar)
 
     def sub(m: re.Match[str]) -> str:
-        value = _evaluate(m.group(0), m.group(1), scope)
+        value = _evaluate(m.group(0), m.group(1), scope, grammar)
         return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
 
     return PLACEHOLDER.sub(sub, text)
 
 
-def render(value: Any, scope: dict[str, Any]) -> Any:
+def params_scope(
+    context: dict[str, Any], instance_id: Any, attempt: int, outputs: dict[str, Any]
+) -> dict[str, Any]:
+    """What {{ templates }} in a step's params see (rules.TEMPLATE_ROOTS)."""
+    return {
+        "data": context.get("data", {}),
+        "config": context.get("config", {}),
+        "outputs": outputs,
+        "instance_id": str(instance_id),
+        "runtime": {**context.get("runtime", {}), "attempt": attempt},
+    }
+
+
+def render(value: Any, scope: dict[str, Any], grammar: Grammar = PARAMS) -> Any:
     """Resolve every placeholder in a JSON value (dicts and lists walked recursively)."""
     if isinstance(value, str):
-        return _render_string(value, scope)
+        return _render_string(value, scope, grammar)
     if isinstance(value, dict):
-        return {k: render(v, scope) for k, v in value.items()}
+        return {k: render(v, scope, grammar) for k, v in value.items()}
     if isinstance(value, list):
-        return [render(v, scope) for v in value]
+        return [render(v, scope, grammar) for v in value]
     return value

@@ -191,9 +191,9 @@ SELECT throws_ok(
 );
 
 SELECT throws_ok(
-    'TRUNCATE orch8.effect_receipts, orch8.effect_receipt_events',
+    'TRUNCATE orch8.effect_receipts, orch8.effect_receipt_events, orch8.effect_verifications',
     'O8004', NULL,
-    'TRUNCATE of effect_receipts (with its events) is refused (O8004)'
+    'TRUNCATE of effect_receipts (with its events and verifications) is refused (O8004)'
 );
 
 SELECT is(
@@ -293,7 +293,11 @@ SELECT orch8.mark_effect_unknown('t1', r.id, 'timeout')
 FROM orch8.effect_receipts AS r
 WHERE r.instance_id = '00000000-0000-0000-0000-0000000000c7';
 
-SELECT orch8.resolve_effect('t1', r.id, 'verified', NULL, '{"looked": "dashboard"}', 'alice')
+SELECT
+    orch8.resolve_effect(
+        't1', r.id, 'unknown', 'verified', NULL, '{"looked": "dashboard"}',
+        'alice'
+    )
 FROM orch8.effect_receipts AS r
 WHERE r.instance_id = '00000000-0000-0000-0000-0000000000c7';
 

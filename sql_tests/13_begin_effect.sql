@@ -3,7 +3,7 @@
 -- Expected receipt ids were computed in Python (see 11_effect_ids.sql) for continuity
 -- 511c3cff-6ba1-8ff6-aee8-afd472664eaf (the scope of instance a1), epoch 0.
 BEGIN;
-SELECT plan(30);
+SELECT plan(31);
 
 SELECT has_function(
     'orch8', 'begin_effect',
@@ -101,9 +101,14 @@ SELECT orch8.begin_effect(
     't1', '00000000-0000-0000-0000-0000000000a1', 'key-256', 'http_request',
     jsonb_build_object('url', 'https://x.example', 'idempotency_key', repeat('é', 128)), 0
 );
-SELECT orch8.begin_effect(
-    't1', '00000000-0000-0000-0000-0000000000a1', 'key-257', 'http_request',
-    jsonb_build_object('url', 'https://x.example', 'idempotency_key', repeat('k', 257)), 0
+SELECT throws_ok(
+    $$SELECT orch8.begin_effect(
+        't1', '00000000-0000-0000-0000-0000000000a1', 'key-257', 'http_request',
+        jsonb_build_object('url', 'https://x.example', 'idempotency_key', repeat('k', 257)), 0
+    )$$,
+    'O8008',
+    'the idempotency_key param is 257 bytes, over the limit of 256',
+    'an idempotency_key param over 256 bytes is refused before anything is written'
 );
 SELECT orch8.begin_effect(
     't1', '00000000-0000-0000-0000-0000000000a1', 'key-number', 'http_request',
@@ -115,15 +120,17 @@ SELECT orch8.begin_effect(
 );
 
 SELECT results_eq(
-    $$SELECT block_id, idempotency_key, state FROM orch8.effect_receipts
+    $$SELECT block_id, idempotency_key = id::text, idempotency_key, state
+      FROM orch8.effect_receipts
       WHERE tenant_id = 't1' AND block_id LIKE 'key-%'
       ORDER BY block_id$$,
     $$VALUES
-        ('key-256', repeat('é', 128), 'dispatched'::orch8.effect_state),
-        ('key-257', NULL, 'dispatched'),
-        ('key-nested', NULL, 'dispatched'),
-        ('key-number', NULL, 'dispatched')$$,
-    'idempotency_key: a string of <= 256 bytes is kept; longer, non-string or nested: NULL'
+        ('key-256', false, repeat('é', 128), 'dispatched'::orch8.effect_state),
+        ('key-nested', true, (SELECT id::text FROM orch8.effect_receipts
+                              WHERE block_id = 'key-nested'), 'dispatched'),
+        ('key-number', false, '42', 'dispatched')$$,
+    'idempotency_key: the param (a string, or a number as text) of <= 256 bytes; without '
+    'one (a nested key does not count), the receipt''s own id'
 );
 
 -- 4. Beginning the same attempt again ----------------------------------------------------

@@ -2,7 +2,7 @@
 -- abandon_effect_not_applied (the engine), cas_effect_receipt (the primitive) and
 -- resolve_effect (the operator).
 BEGIN;
-SELECT plan(61);
+SELECT plan(66);
 
 -- One dispatched http receipt per block of instance a1.
 CREATE TEMP TABLE r AS
@@ -14,7 +14,7 @@ SELECT
     )).effect_id AS id
 FROM unnest(ARRAY[
     'commit', 'commit-long', 'unknown', 'unknown-null', 'abandon', 'cas',
-    'res-commit', 'res-abandon', 'res-comp', 'res-verify', 'res-exp', 'res-dispatched'
+    'res-commit', 'res-abandon', 'res-comp', 'res-verify', 'res-exp', 'res-dispatched', 'res-out'
 ]) AS b (block);
 
 CREATE FUNCTION pg_temp.rid(p_block text)
@@ -43,8 +43,8 @@ SELECT is(
         SELECT count(*)::integer FROM r
         WHERE pg_temp.state_of(block) = 'dispatched'
     ),
-    12,
-    'setup: twelve dispatched receipts'
+    13,
+    'setup: thirteen dispatched receipts'
 );
 
 -- 1. commit_effect ------------------------------------------------------------------------
@@ -310,7 +310,7 @@ FROM unnest(ARRAY['res-commit', 'res-abandon', 'res-comp', 'res-verify', 'res-ex
 SELECT results_eq(
     $$SELECT state, provider_receipt_id, evidence #>> '{resolution,actor}',
              evidence #> '{resolution,evidence}'
-      FROM orch8.resolve_effect('t1', pg_temp.rid('res-commit'), 'committed', 'pr-1',
+      FROM orch8.resolve_effect('t1', pg_temp.rid('res-commit'), 'unknown', 'committed', 'pr-1',
           '{"checked": "provider dashboard"}', 'alice', 'found it')$$,
     $$VALUES ('committed'::orch8.effect_state, 'pr-1', 'alice',
               '{"checked": "provider dashboard"}'::jsonb)$$,
@@ -327,7 +327,8 @@ SELECT results_eq(
 );
 
 SELECT throws_ok(
-    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-commit'), 'compensated', NULL, '{}',
+    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-commit'), 'committed', 'compensated',
+          NULL, '{}',
           'carol')$$,
     'O8008', NULL,
     'committed -> compensated without evidence: O8008'
@@ -335,21 +336,23 @@ SELECT throws_ok(
 
 SELECT results_eq(
     $$SELECT state, provider_receipt_id
-      FROM orch8.resolve_effect('t1', pg_temp.rid('res-commit'), 'compensated', NULL,
+      FROM orch8.resolve_effect('t1', pg_temp.rid('res-commit'), 'committed', 'compensated', NULL,
           '{"refund": "rf-1"}', 'carol')$$,
     $$VALUES ('compensated'::orch8.effect_state, 'pr-1')$$,
     'committed -> compensated with evidence (the provider id is kept)'
 );
 
 SELECT throws_ok(
-    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-abandon'), 'abandoned', NULL, '{}',
+    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-abandon'), 'unknown', 'abandoned',
+          NULL, '{}',
           'alice')$$,
     'O8008', NULL,
     'unknown -> abandoned with empty evidence: O8008'
 );
 
 SELECT throws_ok(
-    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-abandon'), 'abandoned', NULL, NULL,
+    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-abandon'), 'unknown', 'abandoned',
+          NULL, NULL,
           'alice')$$,
     'O8008', NULL,
     'unknown -> abandoned without evidence: O8008'
@@ -358,7 +361,7 @@ SELECT throws_ok(
 SELECT is(
     (
         orch8.resolve_effect(
-            't1', pg_temp.rid('res-abandon'), 'abandoned', NULL,
+            't1', pg_temp.rid('res-abandon'), 'unknown', 'abandoned', NULL,
             '{"provider_search": "no such charge"}', 'alice'
         )
     ).state,
@@ -367,7 +370,8 @@ SELECT is(
 );
 
 SELECT throws_ok(
-    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-comp'), 'compensated', NULL, '{}',
+    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-comp'), 'unknown', 'compensated',
+          NULL, '{}',
           'alice')$$,
     'O8008', NULL,
     'unknown -> compensated with empty evidence: O8008'
@@ -376,7 +380,7 @@ SELECT throws_ok(
 SELECT is(
     (
         orch8.resolve_effect(
-            't1', pg_temp.rid('res-comp'), 'compensated', NULL,
+            't1', pg_temp.rid('res-comp'), 'unknown', 'compensated', NULL,
             '{"refund": "rf-2"}', 'alice'
         )
     ).state,
@@ -386,7 +390,9 @@ SELECT is(
 
 SELECT is(
     (
-        orch8.resolve_effect('t1', pg_temp.rid('res-verify'), 'verified', 'pr-3', '{}', 'alice')
+        orch8.resolve_effect(
+            't1', pg_temp.rid('res-verify'), 'unknown', 'verified', 'pr-3', '{}', 'alice'
+        )
     ).state,
     'verified'::orch8.effect_state,
     'unknown -> verified needs no evidence'
@@ -395,7 +401,7 @@ SELECT is(
 SELECT is(
     (
         orch8.resolve_effect(
-            't1', pg_temp.rid('res-verify'), 'compensated', NULL,
+            't1', pg_temp.rid('res-verify'), 'verified', 'compensated', NULL,
             '{"refund": "rf-3"}', 'alice'
         )
     ).state,
@@ -404,76 +410,79 @@ SELECT is(
 );
 
 SELECT throws_ok(
-    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-exp'), 'dispatched', NULL,
+    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-exp'), 'unknown', 'dispatched', NULL,
           '{"x": 1}', 'alice')$$,
     'O8004', NULL,
     'unknown -> dispatched: O8004'
 );
 
 SELECT throws_ok(
-    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-dispatched'), 'committed', 'pr-4',
+    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-dispatched'), 'dispatched', 'committed',
+          'pr-4',
           '{"x": 1}', 'alice')$$,
     'O8004', NULL,
     'resolving a dispatched receipt (dispatched -> committed): O8004'
 );
 
 SELECT throws_ok(
-    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-abandon'), 'committed', 'pr-5',
+    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-abandon'), 'abandoned', 'committed',
+          'pr-5',
           '{"x": 1}', 'alice')$$,
     'O8004', NULL,
     'abandoned -> committed: O8004'
 );
 
 SELECT throws_ok(
-    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-exp'), NULL, NULL, '{"x": 1}',
+    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-exp'), 'unknown', NULL, NULL, '{"x": 1}',
           'alice')$$,
     'O8004', NULL,
     'resolving to no state: O8004'
 );
 
 SELECT throws_ok(
-    $$SELECT orch8.resolve_effect('t1', '00000000-0000-0000-0000-00000000dead', 'committed',
-          NULL, '{}', 'alice')$$,
+    $$SELECT orch8.resolve_effect('t1', '00000000-0000-0000-0000-00000000dead', 'unknown',
+          'committed', NULL, '{}', 'alice')$$,
     'O8007', NULL,
     'resolving an unknown id: O8007'
 );
 
 SELECT throws_ok(
-    $$SELECT orch8.resolve_effect('t2', pg_temp.rid('res-exp'), 'committed', NULL, '{}',
+    $$SELECT orch8.resolve_effect('t2', pg_temp.rid('res-exp'), 'unknown', 'committed', NULL, '{}',
           'alice')$$,
     'O8007', NULL,
     'resolving another tenant''s receipt: O8007'
 );
 
 SELECT throws_ok(
-    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-exp'), 'committed', NULL, '{}',
-          'alice', p_expected_state := 'dispatched')$$,
+    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-exp'), 'dispatched', 'committed', NULL,
+          '{}', 'alice')$$,
     'O8002', NULL,
     'p_expected_state differs from the current state: O8002'
 );
 
 SELECT throws_ok(
-    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-exp'), 'committed', NULL, '{}',
+    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-exp'), 'unknown', 'committed', NULL, '{}',
           NULL)$$,
     'O8008', NULL,
     'resolving without an actor: O8008'
 );
 
 SELECT throws_ok(
-    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-exp'), 'committed', NULL, '{}', '')$$,
+    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-exp'), 'unknown', 'committed',
+          NULL, '{}', '')$$,
     'O8008', NULL,
     'resolving with an empty actor: O8008'
 );
 
 SELECT throws_ok(
-    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-exp'), 'committed',
+    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-exp'), 'unknown', 'committed',
           repeat('p', 257), '{}', 'alice')$$,
     'O8008', NULL,
     'a provider receipt id over 256 bytes: O8008'
 );
 
 SELECT throws_ok(
-    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-exp'), 'committed', NULL,
+    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-exp'), 'unknown', 'committed', NULL,
           '"evidence"', 'alice')$$,
     'O8008', NULL,
     'evidence that is not an object: O8008'
@@ -489,8 +498,7 @@ SELECT results_eq(
 
 SELECT results_eq(
     $$SELECT state, provider_receipt_id FROM orch8.resolve_effect(
-          't1', pg_temp.rid('res-exp'), 'committed', NULL, NULL, 'dave',
-          p_expected_state := 'unknown')$$,
+          't1', pg_temp.rid('res-exp'), 'unknown', 'committed', NULL, NULL, 'dave')$$,
     $$VALUES ('committed'::orch8.effect_state, NULL::text)$$,
     'a matching p_expected_state resolves'
 );
@@ -500,6 +508,55 @@ SELECT results_eq(
       WHERE receipt_id = pg_temp.rid('res-exp') ORDER BY event_id DESC LIMIT 1$$,
     $$VALUES ('dave', 'resolved by operator')$$,
     'without a note the event says "resolved by operator"'
+);
+
+-- 6. What a resolution leaves on the receipt --------------------------------------------
+
+SELECT throws_ok(
+    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-out'), NULL, 'committed', NULL, '{}',
+          'alice')$$,
+    'O8008', NULL,
+    'resolving without the state one saw (expected_state NULL): O8008'
+);
+
+SELECT orch8.mark_effect_unknown('t1', pg_temp.rid('res-out'), 'timed out after 5s');
+
+SELECT throws_ok(
+    $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-out'), 'unknown', 'abandoned', NULL,
+          '{"x": 1}', 'alice', NULL, '{"id": "ch_1"}')$$,
+    'O8008', NULL,
+    'an output with an abandoned resolution: O8008 (only committed or verified carry one)'
+);
+
+SELECT throws_ok(
+    format(
+        $$SELECT orch8.resolve_effect('t1', pg_temp.rid('res-out'), 'unknown', 'committed',
+          NULL, '{}', 'alice', NULL, jsonb_build_object('big', repeat('x', %s)))$$,
+        orch8.limit_of('resolution_output_bytes')
+    ),
+    'O8008', NULL,
+    'an output over resolution_output_bytes: O8008'
+);
+
+SELECT results_eq(
+    $$SELECT state, error, evidence #> '{resolution,output}', provider_receipt_id
+      FROM orch8.resolve_effect('t1', pg_temp.rid('res-out'), 'unknown', 'committed', 'ch_1',
+          '{"looked": "dashboard"}', 'alice', NULL, '{"id": "ch_1", "paid": true}')$$,
+    $$VALUES ('committed'::orch8.effect_state, NULL::text,
+              '{"id": "ch_1", "paid": true}'::jsonb, 'ch_1')$$,
+    'a committed resolution keeps its output and clears the stale error'
+);
+
+SELECT results_eq(
+    $$SELECT state, jsonb_array_length(evidence -> 'resolutions'),
+             evidence #>> '{resolutions,0,state}', evidence #>> '{resolutions,0,actor}',
+             evidence #>> '{resolutions,1,state}', evidence #>> '{resolutions,1,from_state}',
+             evidence #>> '{resolution,state}'
+      FROM orch8.resolve_effect('t1', pg_temp.rid('res-out'), 'committed', 'compensated',
+          NULL, '{"refund": "rf-9"}', 'bob')$$,
+    $$VALUES ('compensated'::orch8.effect_state, 2, 'committed', 'alice', 'compensated',
+              'committed', 'compensated')$$,
+    'a later resolution keeps the earlier one in evidence.resolutions'
 );
 
 SELECT * FROM finish();

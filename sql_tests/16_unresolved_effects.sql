@@ -130,7 +130,7 @@ SELECT results_eq(
 
 SELECT
     orch8.resolve_effect(
-        't1', r.id, 'abandoned', NULL, '{"provider_search": "nothing"}', 'alice'
+        't1', r.id, 'unknown', 'abandoned', NULL, '{"provider_search": "nothing"}', 'alice'
     )
 FROM r
 WHERE r.block = 'unknown';

@@ -29,10 +29,13 @@ CREATE TEMP TABLE leases (
 
 CREATE TEMP TABLE outcomes (name text PRIMARY KEY, o orch8.effect_outcome);
 
--- blocks prep then call: finish_step finds the next block in the definition
+-- blocks prep then call: finish_step finds the next block in the definition. call resends
+-- after an ambiguous outcome (new_attempt), so finish_step's retry_in is honoured for it
+-- (the default, settle, is tested in 22_settlement.sql).
 INSERT INTO orch8.sequences (tenant_id, name, version, definition)
 VALUES ('tap', 'flow', 1, '{"blocks": [{"id": "prep", "type": "step", "handler": "transform"},
-                                       {"id": "call", "type": "step", "handler": "x.y"}]}');
+                                       {"id": "call", "type": "step", "handler": "x.y",
+                                        "retry": {"on_ambiguous": "new_attempt"}}]}');
 INSERT INTO ids (name, id)
 SELECT
     'seq' AS name,
@@ -213,7 +216,7 @@ SELECT results_eq(
       ORDER BY f.i$$,
     $$VALUES ('scheduled', false, true, false, true, false, false, true),
              ('running', true, false, true, true, true, true, true),
-             ('waiting', true, false, false, true, false, true, true),
+             ('waiting', true, false, false, true, true, true, true),
              ('paused', true, false, false, false, false, false, true),
              ('completed', false, false, false, false, false, false, false),
              ('failed', true, false, false, false, true, false, false),

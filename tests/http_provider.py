@@ -20,8 +20,9 @@ As a plain object (a subprocess test, a benchmark)::
     finally:
         p.stop()
 
-Replies on a path come from its queue, first in first out; when the queue is empty the
-default is 200 ``{"ok": true, "receipt_id": "r-<n>"}`` where n counts requests from 1.
+Replies on a path come from its queue, first in first out; when the queue is empty, from
+the first ``always(prefix, ...)`` whose prefix the path starts with; else the default is
+200 ``{"ok": true, "receipt_id": "r-<n>"}`` where n counts requests from 1.
 A reply may also ``drop`` the connection without answering (a broken connection).
 Only ever binds loopback.
 """
@@ -75,6 +76,7 @@ class Provider:
         self._queues: dict[str, collections.deque[Reply]] = collections.defaultdict(
             collections.deque
         )
+        self._always: list[tuple[str, Reply]] = []  # (path prefix, reply) when no queue has one
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -100,9 +102,29 @@ class Provider:
             self._queues[path].extend(replies)
         return self
 
+    def always(
+        self,
+        prefix: str,
+        status: int = 200,
+        json: Any = None,
+        *,
+        body: str | bytes | None = None,
+        headers: dict[str, str] | None = None,
+        delay: float = 0.0,
+        drop: bool = False,
+    ) -> Provider:
+        """Answer every request whose path starts with ``prefix`` (and has nothing queued)
+        this way, until ``clear``: for paths not known in advance (a key in the path)."""
+        with self._lock:
+            self._always.append(
+                (prefix, Reply(status, json, body, dict(headers or {}), delay, drop))
+            )
+        return self
+
     def clear(self) -> None:
         with self._lock:
             self._queues.clear()
+            self._always.clear()
             self.requests.clear()
 
     def requests_to(self, path: str) -> list[Recorded]:
@@ -149,6 +171,10 @@ class Provider:
                     )
                     queue = provider._queues.get(parts.path)
                     reply = queue.popleft() if queue else None
+                    if reply is None:
+                        reply = next(
+                            (r for p, r in provider._always if parts.path.startswith(p)), None
+                        )
                 if reply is None:
                     reply = Reply(json={"ok": True, "receipt_id": f"r-{n}"})
                 if reply.delay:

@@ -86,8 +86,20 @@ def abandon_effect_not_applied(
 
 
 def resolve_effect(
-    conn: Conn, tenant_id: str, effect_id: uuid.UUID, state: str, **kwargs: Any
+    conn: Conn,
+    tenant_id: str,
+    effect_id: uuid.UUID,
+    state: str,
+    *,
+    expected_state: str = "unknown",
+    **kwargs: Any,
 ) -> Row:
+    """resolve_effect from the state tests usually resolve from (unknown)."""
     return sqlapi.effects.resolve_effect(
-        conn, tenant_id=tenant_id, effect_id=effect_id, state=state, **kwargs
+        conn,
+        tenant_id=tenant_id,
+        effect_id=effect_id,
+        expected_state=expected_state,
+        state=state,
+        **kwargs,
     )

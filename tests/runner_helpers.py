@@ -61,7 +61,14 @@ def wait_for(conn, instances, states=("completed", "failed"), timeout=60.0) -> d
 @contextlib.contextmanager
 def running(db_url: str, **settings) -> Iterator[Runner]:
     """An in-process runner on a thread, stopped (and checked stopped) afterwards."""
-    defaults = {"concurrency": 4, "lease": 30, "heartbeat": 5, "poll_interval": 0.05, "grace": 5}
+    defaults = {
+        "concurrency": 4,
+        "lease": 30,
+        "heartbeat": 5,
+        "poll_interval": 0.05,
+        "grace": 5,
+        "verify_interval": 0.05,
+    }
     r = Runner(db_url, Settings(**{**defaults, **settings}))
     stop = threading.Event()
     t = threading.Thread(target=r.run, args=(stop,), daemon=True)
@@ -81,6 +88,7 @@ def spawn_runner(db_url: str, log_path, **env: str) -> subprocess.Popen:
         ORCH8_DATABASE_URL=db_url,
         ORCH8_ALLOW_PRIVATE_URLS="1",
         ORCH8_TICK_INTERVAL="0.05",
+        ORCH8_VERIFY_INTERVAL="0.05",
         **env,
     )
     log = open(log_path, "ab")  # noqa: SIM115 (closed by the process's exit)

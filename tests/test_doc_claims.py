@@ -172,7 +172,7 @@ def test_cli_resolve_committed_to_committed_is_exit_1_naming_the_current_state(d
     # CLI.md:32 and the refusal table, CLI.md:290 (message quoted there)
     effect_id = unknown_receipt(conn)
     conn.execute(
-        "SELECT orch8.resolve_effect(%s, %s, 'committed', 'ch_1', %s, 'test')",
+        "SELECT orch8.resolve_effect(%s, %s, 'unknown', 'committed', 'ch_1', %s, 'test')",
         (TENANT, effect_id, Jsonb({"found": "ch_1"})),
     )
     line = refused(

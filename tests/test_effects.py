@@ -229,12 +229,20 @@ def test_commit_guard_duplicate_raises_invariant_violation(conn):
         "SELECT orch8.declare_invariant(%s, 'one charge', %s, true, %s)",
         (TENANT, Jsonb({"type": "effect_at_most_once", "kind": "http"}), instance),
     )
-    first = ledger.begin_effect(conn, TENANT, instance, "charge", "http_request", PARAMS, 0)
+    # without a key of its own each attempt sends under its receipt id: a new key, so the
+    # identical content after an unknown outcome is a duplicate
+    unkeyed = {k: v for k, v in PARAMS.items() if k != "idempotency_key"}
+    first = ledger.begin_effect(conn, TENANT, instance, "charge", "http_request", unkeyed, 0)
     ledger.mark_effect_unknown(conn, TENANT, first.effect_id, "timeout")
     with pytest.raises(InvariantViolation) as info:
-        ledger.begin_effect(conn, TENANT, instance, "charge", "http_request", PARAMS, 1)
+        ledger.begin_effect(conn, TENANT, instance, "charge", "http_request", unkeyed, 1)
     assert info.value.outcome.competing_effect_id == first.effect_id
     assert receipt(conn, info.value.outcome.effect_id)[0] == "prepared"
+    # under the same key it is a replay the provider deduplicates, not a duplicate
+    keyed = ledger.begin_effect(conn, TENANT, instance, "pay", "http_request", PARAMS, 0)
+    ledger.mark_effect_unknown(conn, TENANT, keyed.effect_id, "timeout")
+    again = ledger.begin_effect(conn, TENANT, instance, "pay", "http_request", PARAMS, 1)
+    assert again.outcome == "dispatched" and again.idempotency_key == keyed.idempotency_key
     # different content is not a duplicate
     other = dict(PARAMS, json={"amount": 99})
     assert (
@@ -254,7 +262,9 @@ def test_abandon_not_applied_and_resolution(conn):
     )
     assert done.outcome == "abandoned"
     with pytest.raises(InvalidTransition):
-        ledger.resolve_effect(conn, TENANT, out.effect_id, "committed", actor="alice")
+        ledger.resolve_effect(
+            conn, TENANT, out.effect_id, "committed", actor="alice", expected_state="abandoned"
+        )
 
     second = ledger.begin_effect(conn, TENANT, instance, "charge", "payments.charge", PARAMS, 1)
     ledger.mark_effect_unknown(conn, TENANT, second.effect_id, "timeout")

@@ -231,8 +231,8 @@ def test_http_request_truncates_a_large_body(provider):
     assert out["truncated"] is True
 
 
-@pytest.mark.parametrize("status", [503, 500, 429, 404, 400])
-def test_http_error_statuses_are_retryable_step_errors_with_the_status_code(provider, status):
+@pytest.mark.parametrize("status", [503, 500, 429, 409, 408])
+def test_ambiguous_statuses_are_retryable_step_errors_with_the_status_code(provider, status):
     provider.reply("/flaky", status, {"error": "nope"})
     with pytest.raises(StepError) as info:
         run("http_request", {"url": provider.url + "/flaky"})
@@ -240,6 +240,17 @@ def test_http_error_statuses_are_retryable_step_errors_with_the_status_code(prov
     assert not isinstance(err, NotApplied)
     assert (err.code, err.retryable) == (str(status), True)
     assert str(status) in str(err)
+    assert len(provider.requests) == 1
+
+
+@pytest.mark.parametrize("status", [404, 400])
+def test_a_refusing_4xx_is_not_applied_with_the_status_code(provider, status):
+    provider.reply("/flaky", status, {"error": "nope"})
+    with pytest.raises(NotApplied) as info:
+        run("http_request", {"url": provider.url + "/flaky"})
+    err = info.value
+    assert (err.code, err.retryable, err.reached) == (str(status), True, True)
+    assert err.evidence["response"]["json"] == {"error": "nope"}
     assert len(provider.requests) == 1
 
 
@@ -472,10 +483,14 @@ def test_a_name_that_does_not_resolve_is_not_applied(monkeypatch, no_connections
 
 def test_redirects_are_not_followed(provider):
     provider.reply("/moved", 302, body="", headers={"Location": "http://169.254.169.254/"})
-    out = run("http_request", {"url": provider.url + "/moved"})
+    with pytest.raises(StepError) as info:  # ambiguous by default: whether it acted is unknown
+        run("http_request", {"url": provider.url + "/moved"})
+    assert (info.value.code, type(info.value)) == ("302", StepError)
+    provider.reply("/moved", 302, body="", headers={"Location": "http://169.254.169.254/"})
+    out = run("http_request", {"url": provider.url + "/moved", "responses": {"3xx": "applied"}})
     assert out["status"] == 302
     assert out["headers"]["location"] == "http://169.254.169.254/"
-    assert len(provider.requests) == 1
+    assert len(provider.requests) == 2
 
 
 # --- llm_call ---------------------------------------------------------------------------
@@ -589,9 +604,13 @@ def test_tool_call(provider):
 
 def test_tool_call_errors(provider):
     provider.reply("/tools", 422, {"error": "bad arguments"})
+    with pytest.raises(NotApplied) as info:
+        run("tool_call", {"url": provider.url + "/tools", "tool": "t"})
+    assert (info.value.code, info.value.retryable, info.value.reached) == ("422", True, True)
+    provider.reply("/tools", 503, {"error": "busy"})
     with pytest.raises(StepError) as info:
         run("tool_call", {"url": provider.url + "/tools", "tool": "t"})
-    assert (info.value.code, info.value.retryable) == ("422", True)
+    assert (info.value.code, type(info.value)) == ("503", StepError)
     with pytest.raises(NotApplied):
         run("tool_call", {"url": f"http://127.0.0.1:{closed_port()}/t", "tool": "t"})
     with pytest.raises(StepError) as info:

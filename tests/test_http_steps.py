@@ -47,17 +47,30 @@ def test_success_commits_with_the_provider_receipt(db_url, conn, provider):
     assert request.json == {"amount": 42}
 
 
-def test_a_503_then_success(db_url, conn, provider):
+def test_a_503_is_not_resent_by_default(db_url, conn, provider):
+    # a 503 may have charged: without a deduplicating provider nothing is sent again, the
+    # receipt stays unknown for an operator (the README's rule)
     provider.reply("/charge", status=503, json={"error": "busy"})
     seq = make_sequence(conn, [charge_step(provider.url + "/charge")])
     instance = start(conn, seq, {"amount": 1})
     with running(db_url):
+        state, error = wait_for(conn, [instance])[instance]
+    assert state == "failed" and "HTTP 503" in error
+    assert [(a, s) for _, a, s, _ in receipts(conn, instance)] == [(0, "unknown")]
+    assert len(provider.requests_to("/charge")) == 1
+
+
+def test_a_503_then_success_under_the_same_key(db_url, conn, provider):
+    provider.reply("/charge", status=503, json={"error": "busy"})
+    seq = make_sequence(conn, [charge_step(provider.url + "/charge", provider_idempotency=True)])
+    instance = start(conn, seq, {"amount": 1})
+    with running(db_url):
         assert wait_for(conn, [instance])[instance] == ("completed", None)
     rows = receipts(conn, instance)
-    assert [(a, s) for _, a, s, _ in rows] == [(0, "unknown"), (1, "committed")]
+    # the first attempt is settled by the second: one key, one provider object
+    assert [(a, s, p) for _, a, s, p in rows] == [(0, "verified", "r-2"), (1, "committed", "r-2")]
     requests = provider.requests_to("/charge")
-    assert len(requests) == 2
-    assert [r.headers["idempotency-key"] for r in requests] == [str(r[0]) for r in rows]
+    assert [r.headers["idempotency-key"] for r in requests] == [str(rows[0][0])] * 2
 
 
 def test_connection_refused_is_abandoned_with_evidence_and_retried(db_url, conn):

@@ -15,8 +15,16 @@ from typing import Any
 import pytest
 
 from orch8_py.handlers import StepError, handler
-from orch8_py.steps import StepContext
+from orch8_py.steps import (
+    Applied,
+    EffectReceipt,
+    Inconclusive,
+    NotApplied,
+    StepContext,
+    Verdict,
+)
 from tests.cli_helpers import orch8_env, run_orch8
+from tests.http_provider import provider_fixture  # noqa: F401  (fixture: provider)
 from tests.runner_helpers import (
     TENANT,
     make_sequence,
@@ -51,8 +59,34 @@ def record(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
 
 @handler("lang.fail")
 def always_fail(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+    # a clean failure (nothing was done): the retry policy decides, as for any step
     CALLS.append((ctx.block_id, params, ctx.attempt))
-    raise StepError("no", code=params.get("code"))
+    raise NotApplied("no", code=params.get("code"))
+
+
+KEYS: list[str | None] = []  # ctx.idempotency_key per call of lang.unsure
+VERIFIED: list[tuple[str, str | None]] = []  # (verdict asked for, key) per verifier call
+
+
+@handler("lang.unsure")
+def unsure(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+    """Sends, then cannot tell whether it landed (ambiguous) until ``ok_from`` calls."""
+    CALLS.append((ctx.block_id, params, ctx.attempt))
+    KEYS.append(ctx.idempotency_key)
+    if len(KEYS) <= params.get("unsure_calls", 1):
+        raise StepError("the provider went quiet after the request")
+    return {"charged": True, "attempt": ctx.attempt, "receipt_id": f"ch-{len(KEYS)}"}
+
+
+@unsure.verifier
+def unsure_verifier(params: dict[str, Any], effect: EffectReceipt, ctx: StepContext) -> Verdict:
+    verdict = params.get("verdict", "applied")
+    VERIFIED.append((verdict, effect.idempotency_key))
+    if verdict == "applied":
+        return Applied({"looked": "ledger"}, "ch-found", {"charged": True, "by": "verifier"})
+    if verdict == "not_applied":
+        return NotApplied("no such charge", {"looked": "ledger"})
+    return Inconclusive("the ledger is down")
 
 
 @handler("lang.slow")
@@ -64,6 +98,8 @@ def slow(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
 @pytest.fixture(autouse=True)
 def fresh_calls():
     CALLS.clear()
+    KEYS.clear()
+    VERIFIED.clear()
     yield
 
 
@@ -234,6 +270,127 @@ def test_a_guard_covers_only_its_kind(conn, runner):
     blocks = [step("charge", params=same), step("again", params=same)]
     _, state, _ = run_one(conn, blocks, invariants=[{**GUARD, "kind": "http"}])
     assert state == "completed" and len(CALLS) == 2  # custom handlers are kind worker
+
+
+UNSURE = {"initial_backoff": 0, "max_attempts": 3}
+
+
+@proves(("step", "provider_idempotency"), ("retry", "on_ambiguous"))
+def test_an_ambiguous_outcome_is_resent_only_as_the_step_says(conn, runner):
+    _, state, _ = run_one(conn, [step("pay", "lang.unsure", retry=UNSURE)])
+    assert state == "failed" and len(KEYS) == 1  # settle, the default: never resent
+    KEYS.clear()
+    blocks = [step("pay", "lang.unsure", retry=UNSURE, provider_idempotency=True)]
+    _, state, _ = run_one(conn, blocks)
+    assert state == "completed" and len(KEYS) == 2 and KEYS[0] == KEYS[1]  # one key
+    KEYS.clear()
+    fresh = {**UNSURE, "on_ambiguous": "new_attempt"}
+    _, state, _ = run_one(conn, [step("pay", "lang.unsure", retry=fresh)])
+    assert state == "completed" and len(KEYS) == 2 and KEYS[0] != KEYS[1]  # a new key
+
+
+@proves(
+    ("step", "verify"),
+    ("verify", "handler"),
+    ("verify", "schedule"),
+    ("verify", "on_verified"),
+    ("verify", "on_not_applied"),
+)
+def test_a_python_verifier_settles_the_unknown_outcome(conn, runner):
+    def verified(verdict: str, **verify: Any) -> tuple[Any, str, str | None]:
+        KEYS.clear()
+        VERIFIED.clear()
+        blocks = [
+            step(
+                "pay",
+                "lang.unsure",
+                params={"verdict": verdict},
+                retry=UNSURE,
+                verify={"handler": True, "schedule": [0, 0], **verify},
+            ),
+            step("after", params={"paid": "{{ outputs.pay.by | 'handler' }}"}),
+        ]
+        return run_one(conn, blocks)
+
+    instance, state, _ = verified("applied")
+    assert state == "completed" and len(KEYS) == 1  # continued, with the verifier's output
+    assert outputs(conn, instance)[0] == ("pay", {"charged": True, "by": "verifier"})
+    assert CALLS[-1] == ("after", {"paid": "verifier"}, 0)
+    _, state, error = verified("applied", on_verified="stop")
+    assert state == "failed" and "on_verified is stop" in error
+    _, state, _ = verified("not_applied")
+    assert state == "completed" and len(KEYS) == 2  # not applied: run again, and it lands
+    _, state, error = verified("not_applied", on_not_applied="stop")
+    assert state == "failed" and len(KEYS) == 1 and "on_not_applied is stop" in error
+    _, state, error = verified("inconclusive")
+    assert state == "failed" and len(VERIFIED) == 2  # one verifier call per scheduled try
+    assert "still unknown after its verifier's last try" in error
+
+
+@proves(("verify", "replay"))
+def test_a_replay_resends_the_same_request_under_the_same_key(conn, runner):
+    blocks = [
+        step(
+            "pay",
+            "lang.unsure",
+            params={"amount": 5},
+            retry={"max_attempts": 1},
+            provider_idempotency=True,
+            verify={"replay": True, "schedule": [0]},
+        )
+    ]
+    instance, state, _ = run_one(conn, blocks)
+    assert state == "completed" and len(KEYS) == 2 and KEYS[0] == KEYS[1]
+    assert [c[1] for c in CALLS] == [{"amount": 5}, {"amount": 5}]  # the identical request
+    assert outputs(conn, instance) == [
+        ("pay", {"charged": True, "attempt": 0, "receipt_id": "ch-2"})
+    ]
+
+
+@proves(
+    ("verify", "http"),
+    ("verify_http", "method"),
+    ("verify_http", "url"),
+    ("verify_http", "headers"),
+    ("verify", "applied_if"),
+    ("verify", "not_applied_if"),
+    ("verify", "receipt_path"),
+)
+def test_an_http_verifier_looks_the_effect_up(conn, runner, provider, monkeypatch):
+    monkeypatch.setenv("ORCH8_ALLOW_PRIVATE_URLS", "1")
+    lookup = {
+        "method": "POST",
+        "url": provider.url + "/find/{{ effect.idempotency_key }}?amount={{ params.amount }}",
+        "headers": {"X-Check": "{{ effect.block_id }}"},
+    }
+    verify = {
+        "http": lookup,
+        "applied_if": "response.json.found == true",
+        "not_applied_if": "response.status == 404",
+        "receipt_path": "json.charge",
+        "schedule": [0],
+    }
+    pay = step("pay", "lang.unsure", params={"amount": 5}, retry={"max_attempts": 1})
+    provider.always("/find/", json={"found": True, "charge": "ch-lookup"})
+    instance, state, _ = run_one(conn, [{**pay, "verify": verify}])
+    assert state == "completed"
+    [req] = provider.requests
+    assert (req.method, req.path, req.query) == ("POST", f"/find/{KEYS[0]}", "amount=5")
+    assert req.headers["x-check"] == "pay"
+    provider_id = conn.execute(
+        "SELECT state::text, provider_receipt_id FROM orch8.effect_receipts WHERE instance_id = %s",
+        (instance,),
+    ).fetchone()
+    assert provider_id == ("verified", "ch-lookup")
+    KEYS.clear()
+    provider.clear()
+    provider.always("/find/", status=404, json={"found": False})
+    instance, state, _ = run_one(conn, [{**pay, "verify": verify}])
+    assert state == "failed"  # not applied, and no attempt left to run again
+    receipt = conn.execute(
+        "SELECT state::text FROM orch8.effect_receipts WHERE instance_id = %s", (instance,)
+    ).fetchone()[0]
+    assert receipt == "abandoned"
 
 
 def test_every_supported_field_is_proven_end_to_end(conn):

@@ -102,7 +102,13 @@ def test_retryable_error_then_success(conn, runner):
                 "id": "charge",
                 "handler": "test.charge",
                 "params": {"amount": 1},
-                "retry": {"max_attempts": 3, "initial_backoff": 10, "max_backoff": 20},
+                # an error of a side-effecting step is ambiguous: resent only when asked
+                "retry": {
+                    "max_attempts": 3,
+                    "initial_backoff": 10,
+                    "max_backoff": 20,
+                    "on_ambiguous": "new_attempt",
+                },
             }
         ],
     )
@@ -152,7 +158,12 @@ def test_non_retryable_code_and_exhausted_attempts_fail(conn, runner):
                 "type": "step",
                 "id": "charge",
                 "handler": "test.charge",
-                "retry": {"max_attempts": 2, "initial_backoff": 10, "max_backoff": 10},
+                "retry": {
+                    "max_attempts": 2,
+                    "initial_backoff": 10,
+                    "max_backoff": 10,
+                    "on_ambiguous": "new_attempt",
+                },
             }
         ],
     )

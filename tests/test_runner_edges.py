@@ -286,7 +286,12 @@ def test_an_arbitrary_exception_is_a_retryable_error_named_by_its_type(db_url, c
                 "type": "step",
                 "id": "charge",
                 "handler": "test.edges.flaky",
-                "retry": {"max_attempts": 2, "initial_backoff": 10, "max_backoff": 20},
+                "retry": {
+                    "max_attempts": 2,
+                    "initial_backoff": 10,
+                    "max_backoff": 20,
+                    "on_ambiguous": "new_attempt",  # resend an ambiguous outcome
+                },
             }
         ],
     )

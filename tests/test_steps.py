@@ -17,11 +17,13 @@ PARAMS = Jsonb({"url": "https://pay.example/charge", "json": {"amount": 10}})
 
 @pytest.fixture
 def claimed(conn):
-    """A running instance of a sequence of two steps (charge, ship) and its lease token."""
+    """A running instance of a sequence of two steps (charge, ship) and its lease token.
+    charge resends after an ambiguous outcome when asked to (retry_in), as a new attempt."""
+    blocks = [{"id": "charge", "retry": {"on_ambiguous": "new_attempt"}}, {"id": "ship"}]
     seq = conn.execute(
         "INSERT INTO orch8.sequences (tenant_id, name, version, definition)"
         " VALUES (%s, 'flow', 1, %s) RETURNING id",
-        (TENANT, Jsonb({"blocks": [{"id": "charge"}, {"id": "ship"}]})),
+        (TENANT, Jsonb({"blocks": blocks})),
     ).fetchone()[0]
     instance = conn.execute(
         "SELECT id FROM orch8.create_instance(%s, %s)", (TENANT, seq)
@@ -127,7 +129,8 @@ def test_crash_after_dispatch_blocks_and_fails_durably(db_url, conn, claimed):
         assert receipt_state(fresh, effect_id)[0] == "unknown"
         state, error = instance_state(fresh, instance)
         assert state == "failed" and error.startswith("EffectBlocked")
-        assert sentinels(fresh, instance) == ["__in_progress__", "__error__"]
+        # settled first: the same attempt stays on the receipt until someone says what happened
+        assert sentinels(fresh, instance) == ["__in_progress__", "__unsettled__"]
 
 
 def test_retryable_error_marks_unknown_and_schedules_next_attempt(conn, claimed):

@@ -69,6 +69,7 @@ def make_runner(url: str, settings: config.Settings) -> Runner:
             heartbeat=settings.heartbeat,
             poll_interval=settings.tick_interval,
             grace=settings.grace,
+            verify_interval=settings.verify_interval,
         ),
     )
 

@@ -17,18 +17,28 @@ it did for a key::
 
 Charges live in memory (gone when it stops). Only ever binds loopback.
 
+Faults, for the demo and the tests (``fail_next``, for any order or one): ``slow``
+charges and then answers after a delay (a client that gave up earlier never learns it
+was charged), ``drop`` closes the connection before charging (nothing charged, the
+client cannot tell); ``lookup_down`` (or ``lookup_down_orders``, for some) makes the
+lookups answer 503 (a verifier cannot tell either).
+
     python -m orch8_py.demo.provider --port 8099
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import errno
 import json
 import secrets
 import socket
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -60,6 +70,13 @@ class FakeProvider:
         self._by_key: dict[str, str] = {}  # idempotency key -> charge id
         self._fingerprints: dict[str, str] = {}  # idempotency key -> request fingerprint
         self._lock = threading.Lock()
+        self._faults: list[tuple[str, float, Any]] = []  # (kind, delay, order id or None)
+        self.lookup_down = False  # lookups answer 503
+        self.lookup_down_orders: set[Any] = set()  # ...for the charges of these orders
+        self.lookup_delay = 0.0  # seconds a lookup takes
+        self.lookups = 0  # lookup requests received
+        self._looking: collections.Counter[str] = collections.Counter()  # key -> in flight
+        self.max_parallel_lookups = 0  # of one key, ever: two verifiers at once would show
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -101,6 +118,45 @@ class FakeProvider:
                 self._by_key[key] = charge_id
                 self._fingerprints[key] = fingerprint
             return 201, dict(charge)
+
+    def fail_next(
+        self, kind: str, count: int = 1, delay: float = 0.0, order_id: Any = None
+    ) -> None:
+        """The next ``count`` charge requests (of ``order_id``, when given): ``slow``
+        (charge, then answer after ``delay`` seconds) or ``drop`` (close the connection
+        without charging)."""
+        if kind not in ("slow", "drop"):
+            raise ValueError(f"unknown fault {kind!r} (slow or drop)")
+        with self._lock:
+            self._faults.extend([(kind, delay, order_id)] * count)
+
+    def _next_fault(self, body: Any) -> tuple[str, float] | None:
+        order_id = body.get("order_id") if isinstance(body, dict) else None
+        with self._lock:
+            for i, (kind, delay, for_order) in enumerate(self._faults):
+                if for_order is None or for_order == order_id:
+                    del self._faults[i]
+                    return kind, delay
+        return None
+
+    @contextlib.contextmanager
+    def _lookup(self, key: str) -> Iterator[None]:
+        with self._lock:
+            self.lookups += 1
+            self._looking[key] += 1
+            self.max_parallel_lookups = max(self.max_parallel_lookups, self._looking[key])
+        try:
+            if self.lookup_delay:
+                time.sleep(self.lookup_delay)
+            yield
+        finally:
+            with self._lock:
+                self._looking[key] -= 1
+
+    def charges_for_key(self, key: str) -> int:
+        """How many charges the key made (the provider keeps one per key: 0 or 1)."""
+        with self._lock:
+            return sum(1 for c in self._charges.values() if c.get("idempotency_key") == key)
 
     def charge_for_key(self, key: str) -> dict[str, Any] | None:
         with self._lock:
@@ -249,7 +305,15 @@ def _handler_for(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
                     400, {"error": {"type": "invalid_request", "message": "body is not JSON"}}
                 )
             key = self.headers.get("Idempotency-Key") or None
+            fault = provider._next_fault(body)
+            if fault is not None and fault[0] == "drop":  # gone before anything was charged
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                return
             status, reply = provider.charge(body, key)
+            if fault is not None:  # slow: charged, the answer comes late
+                time.sleep(fault[1])
             headers = {"Location": f"/v1/charges/{reply['id']}"} if status == 201 else None
             if status == 200:
                 headers = {"Idempotent-Replayed": "true"}
@@ -276,10 +340,17 @@ def _handler_for(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
             self._not_found(f"no route GET {parts.path}")
 
         def _by_key(self, key: str) -> None:
-            charge = provider.charge_for_key(key)
-            if charge is None:
-                return self._not_found(f"no charge for idempotency key {key}")
-            self._reply(200, charge)
+            with provider._lookup(key):
+                charge = provider.charge_for_key(key)
+                if provider.lookup_down or (
+                    charge is not None and charge["order_id"] in provider.lookup_down_orders
+                ):
+                    return self._reply(
+                        503, {"error": {"type": "unavailable", "message": "lookups are down"}}
+                    )
+                if charge is None:
+                    return self._not_found(f"no charge for idempotency key {key}")
+                self._reply(200, charge)
 
         do_HEAD = do_GET
 

@@ -4,8 +4,14 @@
 
     @handler("payments.charge")
     def charge(params, ctx):
-        # ctx.effect_id is the idempotency key to hand to the provider
+        # ctx.idempotency_key is the key to hand to the provider
         ...
+
+    @charge.verifier                 # settles an unknown outcome (verify: {"handler": true})
+    def charge_verifier(params, effect, ctx): ...
+
+    @charge.output_from_evidence     # the output a resolution's evidence stands for
+    def charge_output(evidence, effect, step_params): ...
 
 What a handler receives and raises is in orch8_py.steps (re-exported here). Importing
 this package registers the builtins (orch8_py.handlers.builtin); docs/HANDLERS.md
@@ -14,8 +20,30 @@ describes each.
 
 from __future__ import annotations
 
-from ..steps import Handler, NotApplied, StepContext, StepError
+from ..steps import (
+    Applied,
+    EffectReceipt,
+    Handler,
+    Inconclusive,
+    NotApplied,
+    StepContext,
+    StepError,
+)
 from . import builtin as _builtin  # noqa: F401  (registers the builtins)
-from .registry import get, handler, names
+from .registry import deriver_of, get, handler, names, verifier_names, verifier_of
 
-__all__ = ["Handler", "NotApplied", "StepContext", "StepError", "get", "handler", "names"]
+__all__ = [
+    "Applied",
+    "EffectReceipt",
+    "Handler",
+    "Inconclusive",
+    "NotApplied",
+    "StepContext",
+    "StepError",
+    "deriver_of",
+    "get",
+    "handler",
+    "names",
+    "verifier_names",
+    "verifier_of",
+]

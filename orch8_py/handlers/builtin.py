@@ -1,8 +1,9 @@
 """The builtin step handlers. Importing this module registers them (see handlers/__init__).
 
 Pure (never get a receipt): noop, log, sleep, fail, assert, transform, set_state,
-get_state, delete_state, merge_state. Side-effecting (a receipt, and ``ctx.effect_id`` as
-the idempotency key): http_request, llm_call, tool_call. The names are those of
+get_state, delete_state, merge_state. Side-effecting (a receipt, and
+``ctx.idempotency_key`` sent as the provider's idempotency key): http_request, llm_call,
+tool_call. The names are those of
 orch8.builtin_handlers marked implemented (rules.BUILTIN_HANDLERS; a test holds them
 equal). docs/HANDLERS.md describes every parameter, output and error.
 """
@@ -17,7 +18,7 @@ from typing import Any
 
 from .. import expression, rules
 from ..errors import InvalidInput
-from ..steps import InstanceState, StepContext, StepError
+from ..steps import EffectReceipt, InstanceState, StepContext, StepError
 from . import http as _http
 from .http import bad_params
 from .registry import handler
@@ -232,6 +233,19 @@ def merge_state(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
 # --- side-effecting builtins ------------------------------------------------------------
 
 
+def _request_body(params: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(content, its default Content-Type) from form or body; json goes to send as is."""
+    given = [name for name in ("json", "form", "body") if name in params]
+    if len(given) > 1:
+        raise bad_params(f"give at most one of json, form or body, not {' and '.join(given)}")
+    if "form" in params:
+        return _http.form_body(params["form"]), "application/x-www-form-urlencoded"
+    body = params.get("body")
+    if body is not None and not isinstance(body, str):
+        raise bad_params("body must be a string (use json or form for structured data)")
+    return body, "text/plain; charset=utf-8"
+
+
 @handler("http_request")
 def http_request(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     params = _params(params)
@@ -239,29 +253,42 @@ def http_request(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     if not isinstance(method, str) or method.upper() not in _http.METHODS:
         raise bad_params(f"method must be one of {', '.join(_http.METHODS)}")
     method = method.upper()
-    if "json" in params and "body" in params:
-        raise bad_params("give json or body, not both")
-    body = params.get("body")
-    if body is not None and not isinstance(body, str):
-        raise bad_params("body must be a string (use json for structured data)")
+    content, content_type = _request_body(params)
+    receipt_path = params.get("receipt_path")
+    try:  # checked before sending: after the answer it would be too late to refuse
+        _http.receipt_path_parts(receipt_path)
+        responses = _http.check_responses(params.get("responses"))
+    except ValueError as exc:
+        raise bad_params(str(exc)) from None
     resp = _http.send(
         ctx,
         method,
         params.get("url"),
         headers=_http.clean_headers(params.get("headers")),
         json_body=params.get("json"),
-        content=body,
+        content=content,
+        content_type=content_type,
         timeout=_http.timeout_seconds(params, ctx),
         key=_http.idempotency_key(params, ctx),
+        responses=responses,
     )
-    out: dict[str, Any] = {"status": resp.status, "headers": resp.headers}
-    if resp.has_json:
-        out["json"] = resp.json
-    out["body"] = resp.body
-    if resp.truncated:
-        out["truncated"] = True
-    out.update(resp.receipts())
-    return out
+    return resp.output(receipt_path)
+
+
+@http_request.output_from_evidence
+def http_request_output(
+    evidence: dict[str, Any], effect: EffectReceipt, step_params: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The output http_request returns for the provider's answer recorded as
+    ``evidence["response"]`` (by a verifier's lookup, or an operator), with the step's
+    receipt_path; None when the evidence holds no response."""
+    response = evidence.get("response")
+    if response is None:
+        return None
+    receipt_path = step_params.get("receipt_path")
+    return _http.output_from_response(
+        response, receipt_path if isinstance(receipt_path, str) else None
+    )
 
 
 @handler("llm_call")

@@ -7,8 +7,14 @@ of failures onto the engine's two kinds of handler error:
 * ``NotApplied`` when nothing can have reached the server: the name did not resolve, the
   connection was refused or the network was unreachable, or connecting timed out. The
   request bytes are written only after a connection exists, so none were sent.
-* ``StepError`` for everything else: an HTTP error status (``code`` = the status), a
-  timeout or a broken connection after connecting (ambiguous: the server may have acted).
+* ``NotApplied(reached=True)`` when the server answered with a status the response table
+  (``classify``) calls ``not_applied``: by default a 4xx other than 408, 409, 425, 429,
+  a definitive refusal.
+* ``StepError`` for everything else: an ambiguous status (``code`` = the status), a
+  timeout or a broken connection after connecting (the server may have acted).
+
+The engine reuses ``classify`` and ``output_from_response`` to judge and to turn a
+recorded response into the output the handler would have returned.
 
 The SSRF guard resolves the host once, refuses any address that is not public unicast,
 and then connects to exactly the address it checked (the Host header and TLS server name
@@ -23,9 +29,12 @@ import errno
 import ipaddress
 import json
 import os
+import re
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
+from urllib.parse import urlencode
 
 import httpx
 
@@ -40,6 +49,51 @@ METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
 
 # errno values that prove no connection was made
 _NOT_CONNECTED = {errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH}
+
+# --- what a status means -----------------------------------------------------------------
+
+APPLIED, NOT_APPLIED, AMBIGUOUS = OUTCOMES = ("applied", "not_applied", "ambiguous")
+# A 4xx is the provider refusing the request, so nothing was done, except: 408 (it gave up
+# waiting, maybe mid-way), 409 (often "this idempotency key is in use": the first request
+# may be running), 425 (too early: a replay), 429 (some gateways count and then act).
+# A 3xx is not followed, so whether the target acted is unknown; a 5xx may have acted.
+DEFAULT_RESPONSES: Mapping[str, str] = {
+    "2xx": APPLIED,
+    "3xx": AMBIGUOUS,
+    "4xx": NOT_APPLIED,
+    "408": AMBIGUOUS,
+    "409": AMBIGUOUS,
+    "425": AMBIGUOUS,
+    "429": AMBIGUOUS,
+    "5xx": AMBIGUOUS,
+}
+_RESPONSE_KEY = re.compile(r"[1-5](?:\d\d|xx)")
+
+
+def check_responses(raw: Any) -> dict[str, str] | None:
+    """A step's ``responses`` param, validated (None when absent). Raises ValueError."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ValueError('responses must be an object such as {"404": "ambiguous"}')
+    for key, outcome in raw.items():
+        if not isinstance(key, str) or not _RESPONSE_KEY.fullmatch(key):
+            raise ValueError(f"responses: key {key!r} is not a status 100-599 or a class 1xx..5xx")
+        if outcome not in OUTCOMES:
+            raise ValueError(
+                f"responses[{key!r}] must be one of {', '.join(OUTCOMES)}, not {outcome!r}"
+            )
+    return dict(raw)
+
+
+def classify(status: int, overrides: Mapping[str, str] | None = None) -> str:
+    """applied, not_applied or ambiguous: the step's entry for the exact status, else for
+    its class, else the default table's (exact, then class); unlisted is ambiguous."""
+    for table in (overrides or {}, DEFAULT_RESPONSES):
+        for key in (str(status), f"{status // 100}xx"):
+            if key in table:
+                return table[key]
+    return AMBIGUOUS
 
 
 def private_urls_allowed() -> bool:
@@ -173,6 +227,10 @@ def timeout_seconds(params: dict[str, Any], ctx: StepContext) -> float:
 
 
 def idempotency_key(params: dict[str, Any], ctx: StepContext) -> str | None:
+    # the receipt records ctx.idempotency_key (computed by the engine from the same
+    # param): send exactly that, so the ledger and the provider agree
+    if ctx.idempotency_key is not None:
+        return ctx.idempotency_key
     key = params.get("idempotency_key")
     if key is not None:
         if not isinstance(key, str | int) or isinstance(key, bool) or str(key) == "":
@@ -197,6 +255,24 @@ def clean_headers(raw: Any) -> dict[str, str]:
             raise bad_params(f"header {name!r} contains a line break")
         out[name] = text
     return out
+
+
+def form_body(raw: Any) -> str:
+    """``form`` (name -> scalar, or a list of scalars for a repeated field), urlencoded."""
+    if not isinstance(raw, dict):
+        raise bad_params("form must be an object of name -> string, number or boolean")
+    pairs: list[tuple[str, str]] = []
+    for name, value in raw.items():
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, bool):
+                pairs.append((name, "true" if item else "false"))  # as JSON spells them
+            elif isinstance(item, str | int | float):
+                pairs.append((name, str(item)))
+            else:
+                raise bad_params(
+                    f"form field {name!r} must be a string, number, boolean or a list of them"
+                )
+    return urlencode(pairs)
 
 
 def _root_oserror(exc: BaseException) -> BaseException | None:
@@ -234,6 +310,113 @@ def _encoding(resp: httpx.Response) -> str:
         return "utf-8"
 
 
+def json_receipts(value: Any) -> dict[str, str]:
+    """The provider receipt ids at the top level of a JSON body (string values)."""
+    if not isinstance(value, dict):
+        return {}
+    return {k: value[k] for k in RECEIPT_KEYS if isinstance(value.get(k), str)}
+
+
+def receipt_path_parts(path: Any) -> list[str] | None:
+    """``receipt_path`` ("json.id", "headers.request-id") split on dots; raises ValueError."""
+    if path is None:
+        return None
+    if not isinstance(path, str) or not path or "" in path.split("."):
+        raise ValueError('receipt_path must be a dotted path such as "json.id"')
+    parts = path.split(".")
+    if parts[0] == "headers" and len(parts) > 1:
+        parts[1] = parts[1].lower()  # the output's header names are lowercase
+    return parts
+
+
+def _resolve(value: Any, parts: list[str]) -> str | None:
+    for part in parts:
+        if isinstance(value, dict):
+            value = value.get(part)
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return None
+    if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
+        return None
+    return str(value)
+
+
+def response_output(
+    status: int,
+    headers: Mapping[str, str],
+    *,
+    body: str,
+    json: Any = None,
+    has_json: bool = False,
+    truncated: bool = False,
+    receipt_path: str | None = None,
+) -> dict[str, Any]:
+    """The http_request output for an answer: status, headers, json (when ``has_json``),
+    body, truncated (only when true), the top-level receipt ids of the JSON, and
+    provider_receipt_id from ``receipt_path`` when it resolves (it wins over the JSON's)."""
+    parts = receipt_path_parts(receipt_path)
+    out: dict[str, Any] = {"status": status, "headers": dict(headers)}
+    if has_json:
+        out["json"] = json
+    out["body"] = body
+    if truncated:
+        out["truncated"] = True
+    out.update(json_receipts(json))
+    # a path that does not resolve adds nothing: a bookkeeping path must not fail a 2xx
+    receipt = _resolve(out, parts) if parts else None
+    if receipt is not None:
+        out["provider_receipt_id"] = receipt
+    return out
+
+
+_EVIDENCE_KEYS = {"status", "headers", "json", "body", "truncated", *RECEIPT_KEYS}
+
+
+def output_from_response(response: Any, receipt_path: str | None) -> dict[str, Any]:
+    """What http_request returns for a recorded answer ``{"status", "headers"?, "json"?,
+    "body"?, "truncated"?}`` (a handler output is accepted too: its receipt ids are
+    derived again). Without ``body`` the body is the compact JSON text. Raises ValueError
+    with a one-line reason when the shape is wrong."""
+    if not isinstance(response, dict):
+        raise ValueError("the response must be an object with a status")
+    unknown = sorted(str(k) for k in response if k not in _EVIDENCE_KEYS)
+    if unknown:
+        raise ValueError(f"the response has unknown keys: {', '.join(unknown)}")
+    status = response.get("status")
+    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+        raise ValueError(f"the response status must be an integer 100-599, not {status!r}")
+    raw_headers = response.get("headers") or {}
+    if not isinstance(raw_headers, dict):
+        raise ValueError("the response headers must be an object of name -> string")
+    headers: dict[str, str] = {}
+    for name, value in raw_headers.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise ValueError(f"the response header {name!r} must be a string")
+        low = name.lower()
+        headers[low] = f"{headers[low]}, {value}" if low in headers else value
+    has_json = "json" in response
+    body = response.get("body")
+    if body is None:
+        body = json.dumps(response.get("json"), separators=(",", ":")) if has_json else ""
+    if not isinstance(body, str):
+        raise ValueError("the response body must be a string")
+    truncated = response.get("truncated", False)
+    if not isinstance(truncated, bool):
+        raise ValueError("the response truncated must be true or false")
+    if len(body) > MAX_BODY_TEXT:  # the handler keeps no more (a kept body is never longer)
+        body, truncated = body[:MAX_BODY_TEXT], True
+    return response_output(
+        status,
+        headers,
+        body=body,
+        json=response.get("json"),
+        has_json=has_json,
+        truncated=truncated,
+        receipt_path=receipt_path,
+    )
+
+
 @dataclass
 class Response:
     status: int
@@ -244,10 +427,29 @@ class Response:
     has_json: bool = False
 
     def receipts(self) -> dict[str, str]:
-        """The provider receipt ids at the top level of the JSON body (string values)."""
-        if not isinstance(self.json, dict):
-            return {}
-        return {k: self.json[k] for k in RECEIPT_KEYS if isinstance(self.json.get(k), str)}
+        return json_receipts(self.json)
+
+    def output(self, receipt_path: str | None = None) -> dict[str, Any]:
+        return response_output(
+            self.status,
+            self.headers,
+            body=self.body,
+            json=self.json,
+            has_json=self.has_json,
+            truncated=self.truncated,
+            receipt_path=receipt_path,
+        )
+
+    def evidence(self) -> dict[str, Any]:
+        """The answer as output_from_response takes it back (json, else the body)."""
+        out: dict[str, Any] = {"status": self.status, "headers": self.headers}
+        if self.has_json and not self.truncated:  # bounded: evidence is stored with the receipt
+            out["json"] = self.json
+        else:
+            out["body"] = self.body
+            if self.truncated:
+                out["truncated"] = True
+        return out
 
 
 def send(
@@ -258,11 +460,17 @@ def send(
     headers: dict[str, str] | None = None,
     json_body: Any = None,
     content: str | bytes | None = None,
+    content_type: str | None = None,
     timeout: float,
     key: str | None,
-    raise_for_status: bool = True,
+    responses: Mapping[str, str] | None = None,
 ) -> Response:
-    """Send one request (no redirects followed, no environment proxies) and read the reply."""
+    """Send one request (no redirects followed, no environment proxies) and read the reply.
+
+    ``content_type`` goes with ``content`` unless ``headers`` name one. The status is
+    judged by ``classify(status, responses)``: applied returns the Response, not_applied
+    raises NotApplied(reached=True) with the answer as evidence, ambiguous a StepError.
+    """
     target = check_url(url)
     shown_url = str(target.original)
     hdrs = {
@@ -275,10 +483,13 @@ def send(
     kwargs: dict[str, Any] = {"headers": hdrs}
     if json_body is not None:
         kwargs["content"] = json.dumps(json_body, separators=(",", ":"), allow_nan=False)
-        if not any(k.lower() == "content-type" for k in hdrs):
-            hdrs["Content-Type"] = "application/json"
+        content_type = "application/json"
     elif content is not None:
         kwargs["content"] = content
+    else:
+        content_type = None
+    if content_type and not any(k.lower() == "content-type" for k in hdrs):
+        hdrs["Content-Type"] = content_type
     if target.extensions:
         kwargs["extensions"] = target.extensions
     try:
@@ -333,11 +544,18 @@ def send(
             out.has_json = True
         except ValueError:  # includes UnicodeDecodeError
             pass
-    if raise_for_status and (status >= 400):
-        detail = text[:300].strip()
-        raise StepError(
-            f"{method} {shown_url} returned HTTP {status}" + (f": {detail}" if detail else ""),
+    outcome = classify(status, responses)
+    if outcome == APPLIED:
+        return out
+    detail = text[:300].strip()
+    said = f"{method} {shown_url} returned HTTP {status}" + (f": {detail}" if detail else "")
+    if outcome == NOT_APPLIED:
+        # a definitive refusal: the engine abandons the receipt with this answer as proof
+        raise NotApplied(
+            f"{said} (refused: not applied)",
+            {"url": shown_url, "stage": "response", "response": out.evidence()},
             code=str(status),
             retryable=True,
+            reached=True,
         )
-    return out
+    raise StepError(said, code=str(status), retryable=True)  # ambiguous: it may have acted

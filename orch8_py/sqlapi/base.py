@@ -17,7 +17,21 @@ Row = dict[str, Any]
 Conn = psycopg.Connection[Any]
 T = TypeVar("T")
 
-__all__ = ["Conn", "Jsonb", "Row", "all_rows", "engine_errors", "first", "objects", "one", "value"]
+# "No output given" where a JSON null (None) is itself an output a step may return.
+NO_OUTPUT: Any = object()
+
+__all__ = [
+    "NO_OUTPUT",
+    "Conn",
+    "Jsonb",
+    "Row",
+    "all_rows",
+    "engine_errors",
+    "first",
+    "objects",
+    "one",
+    "value",
+]
 
 
 @contextlib.contextmanager

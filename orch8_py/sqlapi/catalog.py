@@ -83,6 +83,20 @@ def read(conn: Conn) -> dict[str, Any]:
         "TEMPLATE_ROOTS": tuple(value(conn, "SELECT orch8.template_roots()")),
         "TEMPLATE_PLACEHOLDER": value(conn, "SELECT orch8.template_placeholder_pattern()"),
         "TEMPLATE_EXPRESSION": value(conn, "SELECT orch8.template_expression_pattern()"),
+        "VERIFY_TEMPLATE_ROOTS": tuple(value(conn, "SELECT orch8.verify_template_roots()")),
+        "VERIFY_TEMPLATE_EXPRESSION": value(
+            conn, "SELECT orch8.template_expression_pattern(orch8.verify_template_roots())"
+        ),
+        "VERIFY_EXPRESSION_ROOTS": tuple(value(conn, "SELECT orch8.verify_expression_roots()")),
+        "AMBIGUITY_MODES": tuple(value(conn, "SELECT orch8.ambiguity_modes()")),
+        "VERIFICATION_METHODS": tuple(value(conn, "SELECT orch8.verification_methods()")),
+        "VERIFICATION_STATES": tuple(value(conn, "SELECT orch8.verification_states()")),
+        "VERIFY_HTTP_METHODS": tuple(value(conn, "SELECT orch8.verify_http_methods()")),
+        "DEFAULT_VERIFY_SCHEDULE": tuple(value(conn, "SELECT orch8.default_verify_schedule()")),
+        "RETRY_DEFAULTS": {
+            r["field"]: float(r["value"]) if r["field"] == "backoff_multiplier" else int(r["value"])
+            for r in all_rows(conn, "SELECT field, value FROM orch8.retry_defaults()")
+        },
         "BUILTIN_HANDLERS": {
             r["name"]: {
                 "side_effects": r["has_side_effects"],

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
-from .base import Conn, Jsonb, Row, all_rows, first, objects, one
-from .steps import Outcome
+from .base import NO_OUTPUT, Conn, Jsonb, Row, all_rows, first, objects, one, value
+from .steps import OUTCOME, Outcome
 
 # The columns of a receipt as every front end shows it (orch8.effect_receipt_overview).
 RECEIPT = (
@@ -20,13 +21,7 @@ RECEIPT = (
 
 
 def _outcome(conn: Conn, call: str, params: dict[str, Any]) -> Outcome:
-    return objects(
-        conn,
-        Outcome,
-        "SELECT outcome, effect_id, state::text AS state, kind, block_id, attempt,"
-        f" invariant_id, competing_effect_id, detail FROM {call}",
-        params,
-    )[0]
+    return objects(conn, Outcome, f"SELECT {OUTCOME} FROM {call}", params)[0]
 
 
 def begin_effect(
@@ -90,23 +85,25 @@ def resolve_effect(
     *,
     tenant_id: str,
     effect_id: uuid.UUID,
+    expected_state: str,
     state: str,
     actor: str,
     evidence: dict[str, Any] | None = None,
     provider_receipt_id: str | None = None,
     note: str | None = None,
-    expected_state: str | None = None,
+    output: Any = NO_OUTPUT,
 ) -> Row:
-    """The operator path (orch8.resolve_effect); the resolved receipt. Raises
-    InvalidTransition, InvalidInput, NotFound or StaleEffect ("reload before resolving"),
-    each with the current state in ``facts``."""
+    """The operator path (orch8.resolve_effect); the resolved receipt. ``output`` is what
+    the step would have returned (committed or verified only). Raises InvalidTransition,
+    InvalidInput, NotFound or StaleEffect ("reload before resolving"), each with the
+    current state in ``facts``."""
     return one(
         conn,
         f"SELECT {RECEIPT} FROM orch8.resolve_effect(p_tenant_id => %(tenant)s,"
-        " p_id => %(id)s, p_state => %(state)s::orch8.effect_state,"
+        " p_id => %(id)s, p_expected_state => %(expected)s::orch8.effect_state,"
+        " p_state => %(state)s::orch8.effect_state,"
         " p_provider_receipt_id => %(receipt)s, p_evidence => %(evidence)s,"
-        " p_actor => %(actor)s, p_note => %(note)s,"
-        " p_expected_state => %(expected)s::orch8.effect_state)",
+        " p_actor => %(actor)s, p_note => %(note)s, p_output => %(output)s)",
         {
             "tenant": tenant_id,
             "id": effect_id,
@@ -116,6 +113,7 @@ def resolve_effect(
             "actor": actor,
             "note": note,
             "expected": expected_state,
+            "output": None if output is NO_OUTPUT else Jsonb(output),
         },
     )
 
@@ -131,6 +129,23 @@ def effect_receipt(conn: Conn, *, tenant_id: str, effect_id: uuid.UUID) -> Row |
         " FROM orch8.effect_receipt_overview WHERE tenant_id = %(tenant)s AND id = %(id)s",
         {"tenant": tenant_id, "id": effect_id},
     )
+
+
+def receipt_with_step(
+    conn: Conn, *, tenant_id: str, effect_id: uuid.UUID
+) -> tuple[Row, dict[str, Any]] | None:
+    """A receipt (with its tenant) and the definition of its step, or None."""
+    row = first(
+        conn,
+        f"SELECT {RECEIPT}, tenant_id,"
+        " orch8.instance_step(tenant_id, instance_id, block_id) AS step"
+        " FROM orch8.effect_receipts WHERE tenant_id = %(tenant)s AND id = %(id)s",
+        {"tenant": tenant_id, "id": effect_id},
+    )
+    if row is None:
+        return None
+    step = row.pop("step")
+    return row, step if isinstance(step, dict) else {}
 
 
 def receipts_of_instance(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID) -> list[Row]:
@@ -220,29 +235,158 @@ def unresolved_effects(
     tenant_id: str,
     kind: str | None = None,
     older_than: dt.timedelta | None = None,
+    blocking: bool | None = None,
     limit: int,
 ) -> list[Row]:
-    """The operator queue (orch8.unresolved_effects), oldest first."""
+    """The operator queue (orch8.unresolved_effects), oldest first; ``blocking`` keeps only
+    the receipts that hold an instance (True) or only the superseded ones (False)."""
     return all_rows(
         conn,
         "SELECT effect_id, kind, state::text AS state, age, state_since, instance_id,"
         " block_id, attempt, epoch, continuity_id, handler, destination_fingerprint,"
-        " request_sha256, idempotency_key, provider_receipt_id, error, evidence, created_at"
+        " request_sha256, idempotency_key, provider_receipt_id, error, evidence, created_at,"
+        " blocking, verification, verification_tries, verification_max_tries,"
+        " verification_next_at"
         " FROM orch8.unresolved_effects"
         " WHERE tenant_id = %(tenant)s AND (%(kind)s::text IS NULL OR kind = %(kind)s)"
         " AND (%(older)s::interval IS NULL OR age > %(older)s::interval)"
+        " AND (%(blocking)s::boolean IS NULL OR blocking = %(blocking)s::boolean)"
         " ORDER BY created_at, effect_id LIMIT %(limit)s",
-        {"tenant": tenant_id, "kind": kind, "older": older_than, "limit": limit},
+        {
+            "tenant": tenant_id,
+            "kind": kind,
+            "older": older_than,
+            "blocking": blocking,
+            "limit": limit,
+        },
     )
 
 
 def unresolved_summary(conn: Conn, *, tenant_id: str) -> Row:
-    """The queue's depth, by state, and the age of its oldest receipt."""
+    """The queue's depth, by state, by whether it holds an instance, verifications
+    escalated to people, and the age of its oldest receipt."""
     return one(
         conn,
         "SELECT count(*) AS depth, max(age) AS oldest,"
         " count(*) FILTER (WHERE state = 'unknown') AS unknown,"
-        " count(*) FILTER (WHERE state = 'dispatched') AS dispatched"
+        " count(*) FILTER (WHERE state = 'dispatched') AS dispatched,"
+        " count(*) FILTER (WHERE blocking) AS blocking,"
+        " count(*) FILTER (WHERE NOT blocking) AS superseded,"
+        " count(*) FILTER (WHERE verification = 'pending') AS verifying,"
+        " count(*) FILTER (WHERE verification = 'escalated') AS escalated"
         " FROM orch8.unresolved_effects WHERE tenant_id = %(tenant)s",
         {"tenant": tenant_id},
+    )
+
+
+# --- verifiers ----------------------------------------------------------------------------
+
+
+def request_verifications(
+    conn: Conn,
+    *,
+    tenant_id: str,
+    actor: str,
+    effect_ids: list[uuid.UUID] | None = None,
+    superseded: bool = False,
+) -> list[Row]:
+    """Schedule the steps' verifiers for the receipts named, or for every superseded
+    unknown receipt: one {effect_id, outcome} per receipt (orch8.schedule_verification's
+    outcomes: scheduled, rescheduled, already_scheduled, no_verifier, not_unknown,
+    not_found)."""
+    return all_rows(
+        conn,
+        "SELECT effect_id, outcome FROM orch8.request_verifications(p_tenant_id => %(tenant)s,"
+        " p_effect_ids => %(ids)s::uuid[], p_superseded => %(superseded)s,"
+        " p_actor => %(actor)s)",
+        {"tenant": tenant_id, "ids": effect_ids, "superseded": superseded, "actor": actor},
+    )
+
+
+@dataclass(frozen=True)
+class VerificationClaim:
+    """A verifier's try of one receipt (orch8.claim_verifications)."""
+
+    tenant_id: str
+    effect_id: uuid.UUID
+    lease_token: uuid.UUID
+    method: str
+    try_: int  # this try, counted from 1
+    tries: int  # tries in all
+    timeout_seconds: float  # how long the try may take (its lease lasts longer)
+    receipt: dict[str, Any]
+    step: dict[str, Any]
+    context: dict[str, Any]
+    progress: dict[str, Any]
+
+
+def claim_verifications(
+    conn: Conn,
+    *,
+    worker_id: str,
+    batch: int,
+    lease_seconds: float,
+    handlers: list[str],
+    verifiers: list[str],
+) -> list[VerificationClaim]:
+    return objects(
+        conn,
+        VerificationClaim,
+        "SELECT tenant_id, effect_id, lease_token, method, try AS try_, tries,"
+        " timeout_seconds::float8 AS timeout_seconds, receipt, step, context, progress"
+        " FROM orch8.claim_verifications(p_worker_id => %(worker)s,"
+        " p_batch => %(batch)s, p_lease => make_interval(secs => %(lease)s),"
+        " p_handlers => %(handlers)s, p_verifiers => %(verifiers)s)",
+        {
+            "worker": worker_id,
+            "batch": batch,
+            "lease": lease_seconds,
+            "handlers": handlers,
+            "verifiers": verifiers,
+        },
+    )
+
+
+def verification_request_matches(
+    conn: Conn, *, tenant_id: str, effect_id: uuid.UUID, params: dict[str, Any]
+) -> bool:
+    """Whether re-rendered params hash to the receipt's request_sha256."""
+    return bool(
+        value(
+            conn,
+            "SELECT orch8.verification_request_matches(p_tenant_id => %(tenant)s,"
+            " p_effect_id => %(id)s, p_params => %(params)s)",
+            {"tenant": tenant_id, "id": effect_id, "params": Jsonb(params)},
+        )
+    )
+
+
+def record_verification(
+    conn: Conn,
+    *,
+    tenant_id: str,
+    effect_id: uuid.UUID,
+    lease_token: uuid.UUID,
+    verdict: str,
+    evidence: dict[str, Any],
+    provider_receipt_id: str | None = None,
+    output: Any = NO_OUTPUT,
+) -> Row:
+    """A verifier's verdict (applied, not_applied, inconclusive) on its try: {outcome,
+    instance_state, detail}; outcome stale when the try is no longer this one's."""
+    return one(
+        conn,
+        "SELECT outcome, instance_state::text AS instance_state, detail"
+        " FROM orch8.record_verification(p_tenant_id => %(tenant)s, p_effect_id => %(id)s,"
+        " p_lease_token => %(lease)s, p_verdict => %(verdict)s, p_evidence => %(evidence)s,"
+        " p_provider_receipt_id => %(receipt)s, p_output => %(output)s)",
+        {
+            "tenant": tenant_id,
+            "id": effect_id,
+            "lease": lease_token,
+            "verdict": verdict,
+            "evidence": Jsonb(evidence),
+            "receipt": provider_receipt_id,
+            "output": None if output is NO_OUTPUT else Jsonb(output),
+        },
     )

@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from .base import Conn, Jsonb, Row, all_rows, first, objects, value
+from .base import NO_OUTPUT, Conn, Jsonb, Row, all_rows, first, objects, value
 
 # An instance as the lists show it (orch8.instance_overview).
 SUMMARY = (
@@ -283,13 +283,23 @@ def send_signal(
     )[0]
 
 
-def retry_instance(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID, actor: str) -> Retried:
+def retry_instance(
+    conn: Conn, *, tenant_id: str, instance_id: uuid.UUID, actor: str, output: Any = NO_OUTPUT
+) -> Retried:
     """Retry a failed instance; the receipt that stopped it decides (orch8.retry_instance).
-    Still unknown or dispatched: EffectBlocked with the receipt in ``facts``."""
+    ``output``: what the settled step returns (else its resolution's). Still unknown or
+    dispatched: EffectBlocked with the receipt in ``facts``; no output while later blocks
+    read it: InvalidInput with ``read_by``."""
     return objects(
         conn,
         Retried,
         "SELECT outcome, block_id, effect_id, detail FROM orch8.retry_instance("
-        "p_tenant_id => %(tenant)s, p_instance_id => %(id)s, p_actor => %(actor)s)",
-        {"tenant": tenant_id, "id": instance_id, "actor": actor},
+        "p_tenant_id => %(tenant)s, p_instance_id => %(id)s, p_actor => %(actor)s,"
+        " p_output => %(output)s)",
+        {
+            "tenant": tenant_id,
+            "id": instance_id,
+            "actor": actor,
+            "output": None if output is NO_OUTPUT else Jsonb(output),
+        },
     )[0]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..definitions import expression_problems
+from ..errors import InvalidSequence
 from .base import Conn, Jsonb, Row, all_rows, first, one
 
 # A version as the API, the CLI and the console show it.
@@ -16,8 +18,16 @@ def create_sequence(
     conn: Conn, *, tenant_id: str, namespace: str, name: str, definition: dict[str, Any]
 ) -> Row:
     """Validate and store ``definition`` as the next version; the stored row. Raises
-    InvalidSequence listing every problem (``problems``), InvalidInput for a bad tenant,
-    namespace or name."""
+    InvalidSequence listing every problem (``problems``: the SQL validator's, then the
+    verifier expressions that do not parse), InvalidInput for a bad tenant, namespace or
+    name."""
+    if expression_problems(definition):
+        problems = validate_sequence(conn, definition=definition)
+        raise InvalidSequence(
+            f"sequence definition has {len(problems)} problem(s)",
+            facts={"problems": problems},
+            hint="orch8.validate_sequence(definition) lists the problems SQL finds",
+        )
     return one(
         conn,
         f"SELECT {VERSION}, definition FROM orch8.create_sequence(p_tenant_id => %(tenant)s,"
@@ -32,12 +42,13 @@ def create_sequence(
 
 
 def validate_sequence(conn: Conn, *, definition: Any) -> list[Row]:
-    """Every problem of a definition as {path, message}; [] when it is valid."""
+    """Every problem of a definition as {path, message} (orch8.validate_sequence's, then
+    the verifier expressions that do not parse); [] when it is valid."""
     return all_rows(
         conn,
         "SELECT path, message FROM orch8.validate_sequence(p_definition => %(definition)s)",
         {"definition": Jsonb(definition)},
-    )
+    ) + list(expression_problems(definition))
 
 
 def get_sequence(

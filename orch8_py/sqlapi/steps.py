@@ -12,6 +12,11 @@ from typing import Any
 from .base import Conn, Jsonb, all_rows, objects, one, value
 
 WORK_CHANNEL = "orch8_work"
+# the columns of orch8.effect_outcome, as Outcome has them
+OUTCOME = (
+    "outcome, effect_id, state::text AS state, kind, block_id, attempt, invariant_id,"
+    " competing_effect_id, detail, idempotency_key"
+)
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,7 @@ class Outcome:
     invariant_id: uuid.UUID | None
     competing_effect_id: uuid.UUID | None
     detail: str | None
+    idempotency_key: str | None  # the key the receipt records: what the handler sends
 
 
 @dataclass(frozen=True)
@@ -78,8 +84,7 @@ def begin_step(
     return objects(
         conn,
         Outcome,
-        "SELECT outcome, effect_id, state::text AS state, kind, block_id, attempt,"
-        " invariant_id, competing_effect_id, detail FROM orch8.begin_step("
+        f"SELECT {OUTCOME} FROM orch8.begin_step("
         "p_tenant_id => %(tenant)s, p_instance_id => %(instance)s,"
         " p_lease_token => %(lease)s, p_block_id => %(block)s, p_handler => %(handler)s,"
         " p_params => %(params)s, p_attempt => %(attempt)s)",

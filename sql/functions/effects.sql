@@ -261,7 +261,8 @@ IMMUTABLE
 AS $$
     SELECT ROW(
         p_outcome, (p_receipt).id, (p_receipt).state, (p_receipt).kind, (p_receipt).block_id,
-        (p_receipt).attempt, p_invariant_id, p_competing_effect_id, p_detail
+        (p_receipt).attempt, p_invariant_id, p_competing_effect_id, p_detail,
+        (p_receipt).idempotency_key
     )::orch8.effect_outcome
 $$;
 
@@ -416,6 +417,7 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_self orch8.effect_receipts;
+    v_mine orch8.effect_receipts;
     v_other orch8.effect_receipts;
     v_competing orch8.effect_receipts;
     v_guard orch8.workflow_invariants;
@@ -428,9 +430,10 @@ BEGIN
     v_self := orch8.load_effect_receipt(p_tenant_id, p_id);
     IF v_self.id IS NULL THEN
         RETURN ROW('stale', p_id, NULL, NULL, NULL, NULL, NULL, NULL,
-                   'receipt not found')::orch8.effect_outcome;
+                   'receipt not found', NULL)::orch8.effect_outcome;
     END IF;
     -- Identity columns never change (trigger), so they can be read before the lock.
+    v_mine := v_self;  -- the same-key exemption below reads its instance, block and key
     v_continuity := v_self.continuity_id;
     v_kind := v_self.kind;
     v_destination := v_self.destination_fingerprint;
@@ -452,6 +455,12 @@ BEGIN
     LOOP
         IF v_other.id = p_id THEN
             v_self := v_other;
+        ELSIF v_other.state = 'unknown' AND v_other.instance_id = v_mine.instance_id
+              AND v_other.block_id = v_mine.block_id
+              AND v_other.idempotency_key = v_mine.idempotency_key THEN
+            -- A same_key retry: the provider deduplicates the resend by the key, so the
+            -- unknown attempt before it is not a competitor.
+            NULL;
         ELSIF v_competing.id IS NULL AND (
             v_other.state IN ('dispatched', 'committed', 'unknown', 'verified')
             -- rows before ours in (created_at, id) order are older: the oldest wins
@@ -463,7 +472,7 @@ BEGIN
 
     IF v_self.id IS NULL THEN
         RETURN ROW('stale', p_id, NULL, NULL, NULL, NULL, NULL, NULL,
-                   'receipt not found')::orch8.effect_outcome;
+                   'receipt not found', NULL)::orch8.effect_outcome;
     END IF;
     IF v_self.state <> 'prepared' THEN
         RETURN orch8.effect_outcome_of('stale', v_self,
@@ -500,8 +509,10 @@ COMMENT ON FUNCTION orch8.dispatch_effect_receipt_at_most_once(text, uuid) IS
 'effect|tenant|continuity|kind|destination|request, lock our receipt and every receipt with '
 'the same content (FOR UPDATE, by created_at, id). Ours missing or not prepared: stale. '
 'Another one dispatched, committed, unknown or verified, or older and not abandoned or '
-'compensated: duplicate (an invariant result is appended; ours stays prepared). '
-'Otherwise dispatched. Returns the outcome instead of raising so the trace survives.';
+'compensated: duplicate (an invariant result is appended; ours stays prepared). An '
+'unknown receipt of the same instance and block with the same idempotency key is not a '
+'competitor (a same_key retry: the provider deduplicates it). Otherwise dispatched. '
+'Returns the outcome instead of raising so the trace survives.';
 
 CREATE OR REPLACE FUNCTION orch8.begin_effect(
     p_tenant_id text,
@@ -519,6 +530,7 @@ DECLARE
     v_found orch8.effect_receipts;
     v_row orch8.effect_receipts;
     v_kind text;
+    v_id uuid;
     v_key text;
 BEGIN
     IF p_handler IS NULL OR p_handler = '' THEN
@@ -532,6 +544,13 @@ BEGIN
             USING ERRCODE = 'O8008';
     END IF;
 
+    IF orch8.step_idempotency_key_problem(p_params) IS NOT NULL THEN
+        RAISE EXCEPTION '%', orch8.step_idempotency_key_problem(p_params)
+            USING ERRCODE = 'O8008',
+                  DETAIL = json_build_object(
+                      'field', 'idempotency_key',
+                      'limit', orch8.limit_of('idempotency_key_bytes'))::text;
+    END IF;
     v_scope := orch8.ensure_effect_scope(p_tenant_id, p_instance_id);
 
     v_found := orch8.find_unresolved_effect_receipt(
@@ -551,15 +570,18 @@ BEGIN
     END IF;
 
     v_kind := orch8.effect_kind(p_handler);
-    IF jsonb_typeof(p_params -> 'idempotency_key') = 'string'
-       AND octet_length(p_params ->> 'idempotency_key') <= orch8.limit_of('idempotency_key_bytes')
-    THEN
-        v_key := p_params ->> 'idempotency_key';
-    END IF;
+    v_id := orch8.deterministic_effect_id(v_scope.continuity_id, v_scope.epoch, p_instance_id,
+                                          p_block_id, p_attempt);
+    v_key := coalesce(
+        orch8.step_idempotency_key_param(p_params),
+        CASE WHEN orch8.step_ambiguity_mode(
+                      orch8.instance_step(p_tenant_id, p_instance_id, p_block_id)) = 'same_key'
+             -- one key for every attempt: the id attempt 0 has, so attempt 0 is unchanged
+             THEN orch8.deterministic_effect_id(v_scope.continuity_id, v_scope.epoch,
+                                                p_instance_id, p_block_id, 0)::text END,
+        v_id::text);
     v_row := orch8.ensure_effect_receipt(
-        p_tenant_id,
-        orch8.deterministic_effect_id(v_scope.continuity_id, v_scope.epoch, p_instance_id,
-                                      p_block_id, p_attempt),
+        p_tenant_id, v_id,
         v_scope.continuity_id, v_scope.epoch, p_instance_id, p_block_id, p_attempt,
         v_kind, p_handler,
         orch8.destination_fingerprint(p_handler, p_params),
@@ -591,9 +613,13 @@ COMMENT ON FUNCTION orch8.begin_effect(text, uuid, text, text, jsonb, integer) I
 'Everything before a side effect, in one call: NULL for a pure handler (nothing written); '
 'else ensure the scope; a dispatched receipt of this (block, attempt) becomes unknown and '
 'the outcome is blocked (unknown: blocked too); else upsert the planned receipt (kind, '
-'destination fingerprint, request hash, idempotency key), move it to prepared, then to '
+'destination fingerprint, request hash, idempotency key: the idempotency_key param, else '
+'with step_ambiguity_mode same_key the id of attempt 0, else the receipt''s own id), move '
+'it to prepared, then to '
 'dispatched (plain CAS, or the guarded dispatch when a commit guard covers its kind). A '
-'receipt already past prepared gives blocked. Returns the outcome; never raises for them.';
+'receipt already past prepared gives blocked. Returns the outcome; never raises for them. '
+'An idempotency_key param over idempotency_key_bytes raises O8008 (field idempotency_key) '
+'before anything is written.';
 
 CREATE OR REPLACE FUNCTION orch8.settle_effect(
     p_tenant_id text,
@@ -614,7 +640,7 @@ BEGIN
     v_row := orch8.load_effect_receipt(p_tenant_id, p_id);
     IF v_row.id IS NULL THEN
         RETURN ROW('stale', p_id, NULL, NULL, NULL, NULL, NULL, NULL,
-                   'receipt not found')::orch8.effect_outcome;
+                   'receipt not found', NULL)::orch8.effect_outcome;
     END IF;
     RETURN orch8.effect_outcome_of('stale', v_row,
         format('receipt is %s, not %s', v_row.state, p_expected));
@@ -684,15 +710,134 @@ COMMENT ON FUNCTION orch8.abandon_effect_not_applied(text, uuid, jsonb) IS
 'process (connection refused before a byte was sent). Evidence (a non-empty object) is '
 'kept on the receipt under not_applied.';
 
+CREATE OR REPLACE FUNCTION orch8.append_receipt_event(
+    p_tenant_id text, p_id uuid, p_actor text, p_note text, p_evidence jsonb
+)
+RETURNS void
+LANGUAGE sql
+AS $$
+    INSERT INTO orch8.effect_receipt_events (
+        tenant_id, receipt_id, from_state, to_state, actor, note, evidence
+    )
+    SELECT r.tenant_id, r.id, r.state, r.state, p_actor, p_note, p_evidence
+    FROM orch8.effect_receipts AS r
+    WHERE r.tenant_id = p_tenant_id AND r.id = p_id
+$$;
+
+COMMENT ON FUNCTION orch8.append_receipt_event(text, uuid, text, text, jsonb) IS
+'An event on a receipt that does not move it (from_state = to_state): a verifier''s '
+'inconclusive try, a verification requested or escalated. Moves are recorded by trigger.';
+
+CREATE OR REPLACE FUNCTION orch8.settle_same_key_receipts(
+    p_tenant_id text, p_id uuid, p_actor text
+)
+RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_row orch8.effect_receipts := orch8.load_effect_receipt(p_tenant_id, p_id);
+    v_other orch8.effect_receipts;
+    v_count integer := 0;
+BEGIN
+    IF v_row.state NOT IN ('committed', 'verified') OR v_row.idempotency_key IS NULL THEN
+        RETURN 0;
+    END IF;
+    FOR v_other IN
+        SELECT r.* FROM orch8.effect_receipts AS r
+        WHERE r.tenant_id = p_tenant_id AND r.continuity_id = v_row.continuity_id
+          AND r.instance_id = v_row.instance_id AND r.block_id = v_row.block_id
+          AND r.idempotency_key = v_row.idempotency_key
+          AND r.state = 'unknown' AND r.id <> v_row.id
+        ORDER BY r.attempt
+        FOR UPDATE
+    LOOP
+        IF orch8.record_resolution(p_tenant_id, v_other, 'verified',
+               v_row.provider_receipt_id,
+               jsonb_build_object('same_key_as', v_row.id, 'idempotency_key',
+                                  v_row.idempotency_key, 'which_is', v_row.state),
+               p_actor,
+               format('the provider deduplicates key %s: receipt %s (attempt %s) is %s',
+                      v_row.idempotency_key, v_row.id, v_row.attempt, v_row.state),
+               NULL) THEN
+            v_count := v_count + 1;
+        END IF;
+    END LOOP;
+    RETURN v_count;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.settle_same_key_receipts(text, uuid, text) IS
+'When receipt p_id is committed or verified, its step''s unknown receipts holding the same '
+'idempotency key become verified with its provider receipt id: the provider keeps one '
+'object per key, so they were the same effect. Returns how many.';
+
+CREATE OR REPLACE FUNCTION orch8.record_resolution(
+    p_tenant_id text,
+    p_row orch8.effect_receipts,
+    p_state orch8.effect_state,
+    p_provider_receipt_id text,
+    p_evidence jsonb,
+    p_actor text,
+    p_note text,
+    p_output jsonb
+)
+RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_resolution jsonb := jsonb_strip_nulls(jsonb_build_object(
+        'state', p_state, 'from_state', (p_row).state, 'actor', p_actor, 'note', p_note,
+        'evidence', coalesce(p_evidence, '{}'), 'provider_receipt_id', p_provider_receipt_id,
+        'at', orch8.now()))
+        -- a JSON null output is an output (the step returned null); SQL NULL is none
+        || CASE WHEN p_output IS NULL THEN '{}'::jsonb
+                ELSE jsonb_build_object('output', p_output) END;
+BEGIN
+    IF NOT orch8.cas_effect_receipt(p_tenant_id, (p_row).id, (p_row).state, p_state,
+        jsonb_build_object(
+            'error', NULL,  -- a settled receipt keeps no stale "outcome unknown"
+            'actor', p_actor,
+            'note', coalesce(p_note, 'resolved'),
+            'evidence', jsonb_build_object(
+                'resolution', v_resolution,
+                'resolutions', coalesce((p_row).evidence -> 'resolutions', '[]')
+                               || jsonb_build_array(v_resolution)))
+        || CASE WHEN p_provider_receipt_id IS NULL THEN '{}'::jsonb
+                ELSE jsonb_build_object('provider_receipt_id', p_provider_receipt_id) END)
+    THEN
+        RETURN false;
+    END IF;
+    UPDATE orch8.effect_verifications AS v
+    SET state = 'settled', lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL,
+        updated_at = orch8.now()
+    WHERE v.tenant_id = p_tenant_id AND v.effect_id = (p_row).id AND v.state <> 'settled';
+    IF p_state IN ('committed', 'verified') THEN
+        PERFORM orch8.settle_same_key_receipts(p_tenant_id, (p_row).id, p_actor);
+    END IF;
+    RETURN true;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.record_resolution(
+    text, orch8.effect_receipts, orch8.effect_state, text, jsonb, text, text, jsonb
+) IS
+'The one write of a resolution (operator or verifier; callers check who may make it): CAS '
+'the receipt from the state in p_row to p_state, clear its error, set the provider '
+'receipt id when given, store {state, from_state, actor, note, evidence, '
+'provider_receipt_id, output, at} as evidence.resolution and append it to '
+'evidence.resolutions (earlier resolutions are kept), close the receipt''s verification, '
+'and settle the same-key receipts of a committed or verified one. false: lost the CAS.';
+
 CREATE OR REPLACE FUNCTION orch8.resolve_effect(
     p_tenant_id text,
     p_id uuid,
+    p_expected_state orch8.effect_state,
     p_state orch8.effect_state,
     p_provider_receipt_id text,
     p_evidence jsonb,
     p_actor text,
     p_note text DEFAULT NULL,
-    p_expected_state orch8.effect_state DEFAULT NULL
+    p_output jsonb DEFAULT NULL
 )
 RETURNS orch8.effect_receipts
 LANGUAGE plpgsql
@@ -703,10 +848,16 @@ DECLARE
 BEGIN
     IF p_actor IS NULL OR p_actor = '' THEN
         RAISE EXCEPTION 'resolve_effect needs an actor (who is resolving)'
-            USING ERRCODE = 'O8008';
+            USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'actor')::text;
+    END IF;
+    IF p_expected_state IS NULL THEN
+        RAISE EXCEPTION 'resolve_effect needs the state you saw (expected_state): two people '
+                        'resolving at once must not both win'
+            USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'expected_state')::text;
     END IF;
     IF jsonb_typeof(v_evidence) <> 'object' THEN
-        RAISE EXCEPTION 'evidence must be a JSON object' USING ERRCODE = 'O8008';
+        RAISE EXCEPTION 'evidence must be a JSON object'
+            USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'evidence')::text;
     END IF;
     IF octet_length(p_provider_receipt_id) > orch8.limit_of('provider_receipt_id_bytes') THEN
         RAISE EXCEPTION 'provider_receipt_id is longer than % bytes',
@@ -716,11 +867,32 @@ BEGIN
                       'field', 'provider_receipt_id',
                       'limit', orch8.limit_of('provider_receipt_id_bytes'))::text;
     END IF;
+    IF octet_length(p_note) > orch8.limit_of('note_bytes') THEN
+        RAISE EXCEPTION 'note is % bytes, over the limit of % bytes',
+            octet_length(p_note), orch8.limit_of('note_bytes')
+            USING ERRCODE = 'O8008',
+                  DETAIL = json_build_object('field', 'note',
+                                             'limit', orch8.limit_of('note_bytes'))::text;
+    END IF;
+    IF p_output IS NOT NULL AND p_state NOT IN ('committed', 'verified') THEN
+        RAISE EXCEPTION 'an output belongs to a committed or verified resolution (the step '
+                        'then completes with it), not to %', p_state
+            USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'output')::text;
+    END IF;
+    IF octet_length(p_output::text) > orch8.limit_of('resolution_output_bytes') THEN
+        RAISE EXCEPTION 'output is % bytes, over the limit of % bytes',
+            octet_length(p_output::text), orch8.limit_of('resolution_output_bytes')
+            USING ERRCODE = 'O8008',
+                  DETAIL = json_build_object(
+                      'field', 'output',
+                      'limit', orch8.limit_of('resolution_output_bytes'))::text;
+    END IF;
     v_row := orch8.load_effect_receipt(p_tenant_id, p_id);
     IF v_row.id IS NULL THEN
-        RAISE EXCEPTION 'effect receipt % not found', p_id USING ERRCODE = 'O8007';
+        RAISE EXCEPTION 'effect receipt % not found', p_id
+            USING ERRCODE = 'O8007', DETAIL = json_build_object('effect_id', p_id)::text;
     END IF;
-    IF p_expected_state IS NOT NULL AND v_row.state <> p_expected_state THEN
+    IF v_row.state <> p_expected_state THEN
         RAISE EXCEPTION 'receipt % is %, not % any more: reload before resolving',
             p_id, v_row.state, p_expected_state
             USING ERRCODE = 'O8002',
@@ -745,22 +917,9 @@ BEGIN
         RAISE EXCEPTION 'resolving to % needs evidence (what you looked at)', p_state
             USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'evidence')::text;
     END IF;
-    IF octet_length(p_note) > orch8.limit_of('note_bytes') THEN
-        RAISE EXCEPTION 'note is % bytes, over the limit of % bytes',
-            octet_length(p_note), orch8.limit_of('note_bytes')
-            USING ERRCODE = 'O8008',
-                  DETAIL = json_build_object('field', 'note',
-                                             'limit', orch8.limit_of('note_bytes'))::text;
-    END IF;
-    IF NOT orch8.cas_effect_receipt(p_tenant_id, p_id, v_row.state, p_state,
-        jsonb_strip_nulls(jsonb_build_object(
-            'provider_receipt_id', p_provider_receipt_id,
-            'actor', p_actor,
-            'note', coalesce(p_note, 'resolved by operator'),
-            'evidence', jsonb_build_object('resolution', jsonb_build_object(
-                'state', p_state, 'actor', p_actor, 'note', p_note,
-                'evidence', v_evidence, 'at', orch8.now())))))
-    THEN
+    IF NOT orch8.record_resolution(p_tenant_id, v_row, p_state, p_provider_receipt_id,
+                                   v_evidence, p_actor, coalesce(p_note, 'resolved by operator'),
+                                   p_output) THEN
         RAISE EXCEPTION 'receipt % changed while resolving: reload before resolving', p_id
             USING ERRCODE = 'O8002',
                   DETAIL = json_build_object(
@@ -773,15 +932,19 @@ END
 $$;
 
 COMMENT ON FUNCTION orch8.resolve_effect(
-    text, uuid, orch8.effect_state, text, jsonb, text, text, orch8.effect_state
+    text, uuid, orch8.effect_state, orch8.effect_state, text, jsonb, text, text, jsonb
 ) IS
 'The operator path: the moves of orch8.effect_resolutions (can_resolve_to): unknown -> '
 'verified|committed|compensated|abandoned, and committed|verified -> compensated; those '
-'that need evidence (abandoned, compensated) refuse an empty one. Sets '
-'provider_receipt_id when given, records the resolution on the receipt and an event row. '
-'Illegal move: O8004 with DETAIL {effect_id, current_state, allowed_states}; not found: '
-'O8007; changed meanwhile (or not p_expected_state): O8002 "reload before resolving" with '
-'DETAIL {effect_id, current_state}; a note over note_bytes: O8008.';
+'that need evidence (abandoned, compensated) refuse an empty one. p_expected_state (the '
+'state the operator saw) is required: a receipt in another state gives O8002 "reload '
+'before resolving" with DETAIL {effect_id, current_state}, so two people resolving at '
+'once cannot both win. p_output, for committed or verified, is the output the step would '
+'have produced: retry_instance completes the step with it. Written by record_resolution '
+'(history kept in evidence.resolutions, error cleared). Illegal move: O8004 with DETAIL '
+'{effect_id, current_state, allowed_states}; not found: O8007; missing expected state, '
+'empty evidence where needed, an output for another state, or a note, receipt id or '
+'output over its limit: O8008 with DETAIL {field}.';
 
 -- security_invoker: the caller's row-level security applies through the view
 CREATE OR REPLACE VIEW orch8.unresolved_effects WITH (security_invoker = true) AS
@@ -804,8 +967,26 @@ SELECT
     r.provider_receipt_id,
     r.error,
     r.evidence,
-    r.created_at
+    r.created_at,
+    -- false when nothing waits on it: the instance ended, or a later attempt of the step
+    -- completed (history to settle in bulk, not an order on hold)
+    (
+        t.state NOT IN ('completed', 'cancelled')
+        AND NOT EXISTS (
+            SELECT 1 FROM orch8.block_outputs AS o
+            WHERE
+                o.tenant_id = r.tenant_id AND o.instance_id = r.instance_id
+                AND o.block_id = r.block_id AND o.sentinel IS NULL AND o.attempt > r.attempt
+        )
+    ) AS blocking,
+    v.state AS verification,
+    v.tries AS verification_tries,
+    cardinality(v.schedule) AS verification_max_tries,
+    CASE WHEN v.state = 'pending' THEN v.next_at END AS verification_next_at
 FROM orch8.effect_receipts AS r
+LEFT JOIN orch8.task_instances AS t ON r.tenant_id = t.tenant_id AND r.instance_id = t.id
+LEFT JOIN orch8.effect_verifications AS v
+    ON r.tenant_id = v.tenant_id AND r.id = v.effect_id
 WHERE
     r.state = 'unknown'
     OR (
@@ -817,5 +998,7 @@ WHERE
 
 COMMENT ON VIEW orch8.unresolved_effects IS
 'The operator queue and alert source: receipts in unknown, and receipts dispatched for '
-'longer than the setting orch8.dispatched_alert_after (default 5 minutes). Oldest first: '
-'ORDER BY created_at.';
+'longer than the setting orch8.dispatched_alert_after (default 5 minutes). blocking: its '
+'instance has not ended and no later attempt of the step completed. verification: the '
+'state of its verifier (pending, escalated, settled; NULL when none was scheduled), with '
+'tries used, tries in all and the next try. Oldest first: ORDER BY created_at.';

@@ -120,6 +120,10 @@ BEGIN
             FROM orch8.effect_receipts AS r
             WHERE r.tenant_id = v_row.tenant_id AND r.instance_id = v_row.id
               AND r.state = 'dispatched';
+            PERFORM orch8.schedule_verification(r.tenant_id, r.id, 'lease-sweep')
+            FROM orch8.effect_receipts AS r
+            WHERE r.tenant_id = v_row.tenant_id AND r.instance_id = v_row.id
+              AND r.state = 'unknown';
         END IF;
         PERFORM orch8.transition_instance(v_row.tenant_id, v_row.id, 'running',
             coalesce(v_row.requested_state, 'scheduled'), 'lease-sweep', 'lease expired');
@@ -132,7 +136,8 @@ $$;
 COMMENT ON FUNCTION orch8.reclaim_expired_leases(integer) IS
 'Bounded sweep: up to p_limit running instances whose lease expired go back to scheduled, '
 'or to the paused or cancelled state requested meanwhile (then a receipt the lost runner '
-'left dispatched becomes unknown, for the operator queue). Through transition_instance: '
+'left dispatched becomes unknown, for the operator queue, and its step''s verifier is '
+'scheduled). Through transition_instance: '
 'audit row, parent woken. Returns how many. claim_due_instances runs it.';
 
 CREATE OR REPLACE FUNCTION orch8.claim_due_instances(
@@ -342,7 +347,8 @@ LANGUAGE sql
 STABLE
 AS $$
     SELECT coalesce(
-        (SELECT CASE WHEN o.sentinel = '__in_progress__' THEN o.attempt ELSE o.attempt + 1 END
+        (SELECT CASE WHEN o.sentinel IN ('__in_progress__', '__unsettled__') THEN o.attempt
+                     ELSE o.attempt + 1 END
            FROM orch8.block_outputs AS o
           WHERE o.tenant_id = p_tenant_id AND o.instance_id = p_instance_id
             AND o.block_id = p_block_id
@@ -353,8 +359,9 @@ $$;
 
 COMMENT ON FUNCTION orch8.compute_attempt(text, uuid, text) IS
 'The attempt number of a block''s next run, from the latest block_outputs row: none -> 0; '
-'__in_progress__ -> the same attempt (a crash resumes it, so the receipt check blocks it); '
-'anything else -> previous + 1.';
+'__in_progress__ (a crash resumes it) and __unsettled__ (its outcome is not settled yet) '
+'-> the same attempt, whose receipt then blocks a second send; anything else -> previous '
+'+ 1.';
 
 CREATE OR REPLACE FUNCTION orch8.record_block_output(
     p_tenant_id text,
@@ -488,21 +495,33 @@ RETURNS TABLE (
     lease_token uuid,
     progress jsonb
 )
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_claimed orch8.task_instances [];
+BEGIN
+    -- Two statements on purpose. The claim takes fresh snapshots inside, so it may claim
+    -- an instance scheduled by a transaction that committed after this call began; the
+    -- STABLE reads below would still see the snapshot of the statement that called them.
+    -- Read in a statement that starts after the claim, they see what it saw (the output
+    -- a verifier recorded with the move to scheduled, the __retry__ row of a retry).
+    v_claimed := ARRAY(SELECT c FROM orch8.claim_due_instances(p_worker_id, p_batch, p_lease) AS c);
+    RETURN QUERY
     SELECT
         c.tenant_id, c.id, c.sequence_id, c.sequence_version, c.context, b.block_id,
         orch8.compute_attempt(c.tenant_id, c.id, b.block_id),
         c.parent_instance_id, c.lease_token, orch8.instance_progress(c.tenant_id, c.id)
-    FROM orch8.claim_due_instances(p_worker_id, p_batch, p_lease) AS c
+    FROM unnest(v_claimed) AS c
     CROSS JOIN LATERAL (
         SELECT coalesce(c.current_block, orch8.first_block_id(c.tenant_id, c.sequence_id))
             AS block_id
-    ) AS b
+    ) AS b;
+END
 $$;
 
 COMMENT ON FUNCTION orch8.claim_work(text, integer, interval) IS
 'The runner''s claim: claim_due_instances plus, per instance, the block to run (its '
 'current block, or the first one) with its attempt (compute_attempt) and the progress of '
 'every block, so a batch costs one round trip and the steps that follow need no further '
-'reads.';
+'reads. The attempt and progress are read after the claim, in a statement of their own, so '
+'they include what the transaction that scheduled the instance wrote.';

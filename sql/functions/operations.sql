@@ -223,8 +223,123 @@ COMMENT ON FUNCTION orch8.send_signal(text, uuid, text, jsonb, text) IS
 'other types are stored for the workflow (outcome recorded). A type that is not an '
 'orch8.signal_type: O8008.';
 
+CREATE OR REPLACE FUNCTION orch8.blocks_reading_output(p_definition jsonb, p_block_id text)
+RETURNS text[]
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+    SELECT coalesce(array_agg(b.value ->> 'id' ORDER BY b.n), ARRAY[]::text [])
+    FROM jsonb_array_elements(p_definition -> 'blocks') WITH ORDINALITY AS b (value, n)
+    WHERE b.n > (
+        SELECT e.n FROM jsonb_array_elements(p_definition -> 'blocks') WITH ORDINALITY AS e (value, n)
+        WHERE e.value ->> 'id' = p_block_id LIMIT 1
+    )
+    AND (
+        -- outputs.<block> in a template or an expression, or outputs[...] (any block)
+        (b.value - 'id')::text ~ (
+            'outputs\.' || regexp_replace(p_block_id, '([^A-Za-z0-9_])', '\\\1', 'g')
+            || '($|[^A-Za-z0-9_-])')
+        OR (b.value - 'id')::text ~ 'outputs\s*\['
+    )
+$$;
+
+COMMENT ON FUNCTION orch8.blocks_reading_output(jsonb, text) IS
+'The blocks after p_block_id that may read its output: outputs.<block> anywhere in them '
+'(templates, expressions, verifiers), or outputs[...] (an index could name any block). '
+'Conservative on purpose: a step completed without its output must not feed them.';
+
+CREATE OR REPLACE FUNCTION orch8.continue_settled_step(
+    p_instance orch8.task_instances,
+    p_row orch8.block_outputs,
+    p_receipt orch8.effect_receipts,
+    p_output jsonb,
+    p_actor text,
+    p_why text
+)
+RETURNS TABLE (outcome text, detail text)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_tenant text := (p_instance).tenant_id;
+    v_instance uuid := (p_instance).id;
+    v_block text := (p_row).block_id;
+    v_output jsonb;
+    v_readers text [];
+    v_next text;
+BEGIN
+    IF (p_receipt).state IN ('committed', 'verified') THEN
+        -- it happened: complete the step with its output, never send again
+        v_output := coalesce(p_output, (p_receipt).evidence -> 'resolution' -> 'output');
+        IF v_output IS NULL THEN
+            v_readers := orch8.blocks_reading_output(
+                (SELECT s.definition FROM orch8.sequences AS s
+                 WHERE s.tenant_id = v_tenant AND s.id = (p_instance).sequence_id),
+                v_block);
+            IF cardinality(v_readers) > 0 THEN
+                RETURN QUERY SELECT 'needs_output'::text, format(
+                    'receipt %s is %s but carries no output for block %s, and later blocks '
+                    'read it (%s)', (p_receipt).id, (p_receipt).state, v_block,
+                    array_to_string(v_readers, ', '));
+                RETURN;
+            END IF;
+            v_output := jsonb_strip_nulls(jsonb_build_object(
+                'settled', true,
+                'settled_by', (p_receipt).evidence -> 'resolution' ->> 'actor',
+                'effect_id', (p_receipt).id, 'effect_state', (p_receipt).state,
+                'provider_receipt_id', (p_receipt).provider_receipt_id));
+        END IF;
+        PERFORM orch8.record_block_output(v_tenant, v_instance, v_block, (p_row).attempt, NULL,
+            v_output, NULL, (p_receipt).id, NULL);
+        v_next := orch8.next_block_id(v_tenant, (p_instance).sequence_id, v_block);
+        IF v_next IS NULL THEN
+            PERFORM orch8.transition_instance(v_tenant, v_instance, (p_instance).state,
+                'completed', p_actor, p_why || ': last step settled from evidence');
+        ELSE
+            UPDATE orch8.task_instances AS t SET current_block = v_next
+            WHERE t.tenant_id = v_tenant AND t.id = v_instance;
+            PERFORM orch8.transition_instance(v_tenant, v_instance, (p_instance).state,
+                'scheduled', p_actor, p_why || ': step settled from evidence');
+        END IF;
+        RETURN QUERY SELECT 'completed_from_evidence'::text,
+            format('receipt %s is %s (provider receipt %s): the step is not sent again',
+                   (p_receipt).id, (p_receipt).state,
+                   coalesce((p_receipt).provider_receipt_id, '-'));
+        RETURN;
+    END IF;
+    -- abandoned, compensated, or no receipt: the step runs again as a new attempt. After
+    -- __unsettled__ compute_attempt stays on the attempt, so a __retry__ row moves it on.
+    IF (p_row).sentinel = '__unsettled__' THEN
+        PERFORM orch8.record_block_output(v_tenant, v_instance, v_block, (p_row).attempt,
+            '__retry__', jsonb_build_object('error', format('receipt %s is %s: run again',
+                                                            (p_receipt).id, (p_receipt).state)),
+            true, (p_receipt).id, NULL);
+    END IF;
+    UPDATE orch8.task_instances AS t SET current_block = v_block
+    WHERE t.tenant_id = v_tenant AND t.id = v_instance;
+    PERFORM orch8.transition_instance(v_tenant, v_instance, (p_instance).state, 'scheduled',
+                                      p_actor, p_why || ': step runs again');
+    RETURN QUERY SELECT 'rerun'::text,
+        CASE WHEN (p_receipt).id IS NULL THEN 'the failed step runs again as a new attempt'
+             ELSE format('receipt %s is %s: the step runs again as a new attempt',
+                         (p_receipt).id, (p_receipt).state) END;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.continue_settled_step(
+    orch8.task_instances, orch8.block_outputs, orch8.effect_receipts, jsonb, text, text
+) IS
+'The one place a settled receipt becomes the instance''s next move (retry_instance and '
+'the verifier; callers lock the instance and check it may move). committed or verified: '
+'the step completes with p_output, else the output its resolution carries, else (when no '
+'later block reads it: blocks_reading_output) a marker {settled, settled_by, effect_id, '
+'effect_state, provider_receipt_id}; then the next block is scheduled, or the instance '
+'completes. Without an output that later blocks read: outcome needs_output, nothing '
+'written. abandoned, compensated or no receipt: the step is scheduled as a new attempt '
+'(outcome rerun). The audit row''s reason starts with p_why (retry, verifier).';
+
 CREATE OR REPLACE FUNCTION orch8.retry_instance(
-    p_tenant_id text, p_instance_id uuid, p_actor text
+    p_tenant_id text, p_instance_id uuid, p_actor text, p_output jsonb DEFAULT NULL
 )
 RETURNS TABLE (outcome text, block_id text, effect_id uuid, detail text)
 LANGUAGE plpgsql
@@ -234,18 +349,28 @@ DECLARE
     v_err orch8.block_outputs;
     v_receipt orch8.effect_receipts;
     v_candidate orch8.effect_receipts;
-    v_next text;
+    v_next record;
 BEGIN
-    IF v_inst.state <> 'failed' THEN
+    SELECT * INTO v_err FROM orch8.block_outputs AS o
+    WHERE o.tenant_id = p_tenant_id AND o.instance_id = p_instance_id
+    ORDER BY o.seq DESC LIMIT 1;
+    -- failed, or waiting on a verifier for a receipt an operator settled meanwhile
+    IF v_inst.state <> 'failed'
+       AND NOT (v_inst.state = 'waiting' AND v_err.sentinel = '__unsettled__') THEN
         RAISE EXCEPTION 'instance % is %: only a failed instance can be retried',
             p_instance_id, v_inst.state
             USING ERRCODE = 'O8004',
                   DETAIL = json_build_object('instance_id', p_instance_id,
                                              'current_state', v_inst.state)::text;
     END IF;
-    SELECT * INTO v_err FROM orch8.block_outputs AS o
-    WHERE o.tenant_id = p_tenant_id AND o.instance_id = p_instance_id
-    ORDER BY o.seq DESC LIMIT 1;
+    IF octet_length(p_output::text) > orch8.limit_of('resolution_output_bytes') THEN
+        RAISE EXCEPTION 'output is % bytes, over the limit of % bytes',
+            octet_length(p_output::text), orch8.limit_of('resolution_output_bytes')
+            USING ERRCODE = 'O8008',
+                  DETAIL = json_build_object(
+                      'field', 'output',
+                      'limit', orch8.limit_of('resolution_output_bytes'))::text;
+    END IF;
     IF v_err.seq IS NULL THEN  -- failed before any step ran
         PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'failed', 'scheduled',
                                           p_actor, 'retry');
@@ -267,6 +392,12 @@ BEGIN
                                              'attempt', v_receipt.attempt)::text,
                   HINT = 'orch8.resolve_effect(...) with what the provider says';
     END IF;
+    IF p_output IS NOT NULL AND v_receipt.state IS DISTINCT FROM 'committed'
+       AND v_receipt.state IS DISTINCT FROM 'verified' THEN
+        RAISE EXCEPTION 'an output is used only when the step completes from a committed or '
+                        'verified receipt; here the step runs again'
+            USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'output')::text;
+    END IF;
     -- a duplicate's own candidate never dispatched: it is superseded, not left to compete
     IF v_err.output ? 'competing_effect_id' THEN
         v_candidate := orch8.load_effect_receipt(p_tenant_id, v_err.effect_id);
@@ -278,52 +409,35 @@ BEGIN
         END IF;
     END IF;
 
-    IF v_receipt.id IS NOT NULL AND v_receipt.state IN ('committed', 'verified') THEN
-        -- it happened: complete the step from the evidence, never send again
-        PERFORM orch8.record_block_output(
-            p_tenant_id, p_instance_id, v_err.block_id, v_err.attempt, NULL,
-            jsonb_build_object(
-                'settled_by_operator', true, 'effect_id', v_receipt.id,
-                'effect_state', v_receipt.state,
-                'provider_receipt_id', v_receipt.provider_receipt_id,
-                'resolution', v_receipt.evidence -> 'resolution'),
-            NULL, v_receipt.id, NULL);
-        v_next := orch8.next_block_id(p_tenant_id, v_inst.sequence_id, v_err.block_id);
-        IF v_next IS NULL THEN
-            PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'failed',
-                'completed', p_actor, 'retry: last step settled from evidence');
-        ELSE
-            UPDATE orch8.task_instances AS t SET current_block = v_next
-            WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id;
-            PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'failed',
-                'scheduled', p_actor, 'retry: step settled from evidence');
-        END IF;
-        RETURN QUERY SELECT 'completed_from_evidence'::text, v_err.block_id, v_receipt.id,
-            format('receipt %s is %s (provider receipt %s): the step is not sent again',
-                   v_receipt.id, v_receipt.state, coalesce(v_receipt.provider_receipt_id, '-'));
-        RETURN;
+    SELECT * INTO v_next
+    FROM orch8.continue_settled_step(v_inst, v_err, v_receipt, p_output, p_actor, 'retry');
+    IF v_next.outcome = 'needs_output' THEN
+        RAISE EXCEPTION '%: give the output the step would have returned', v_next.detail
+            USING ERRCODE = 'O8008',
+                  DETAIL = json_build_object(
+                      'field', 'output', 'effect_id', v_receipt.id, 'block_id', v_err.block_id,
+                      'read_by', orch8.blocks_reading_output(
+                          (SELECT s.definition FROM orch8.sequences AS s
+                           WHERE s.tenant_id = p_tenant_id AND s.id = v_inst.sequence_id),
+                          v_err.block_id))::text,
+                  HINT = 'retry with an output (orch8 instances retry ID --output JSON), or '
+                         'resolve the receipt with one';
     END IF;
-
-    -- abandoned, compensated, or no receipt at all: the step runs again, as a new attempt
-    -- (the __error__ row is the block's latest, so compute_attempt gives attempt + 1)
-    UPDATE orch8.task_instances AS t SET current_block = v_err.block_id
-    WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id;
-    PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'failed', 'scheduled',
-                                      p_actor, 'retry: step runs again');
-    RETURN QUERY SELECT 'rerun'::text, v_err.block_id, v_receipt.id,
-        CASE WHEN v_receipt.id IS NULL THEN 'the failed step runs again as a new attempt'
-             ELSE format('receipt %s is %s: the step runs again as a new attempt',
-                         v_receipt.id, v_receipt.state) END;
+    RETURN QUERY SELECT v_next.outcome, v_err.block_id, v_receipt.id, v_next.detail;
 END
 $$;
 
-COMMENT ON FUNCTION orch8.retry_instance(text, uuid, text) IS
-'Retry a failed instance, deciding by the receipt that blocked it (for a duplicate, the '
-'receipt holding the content): committed or verified -> the step is completed from that '
-'evidence and the workflow continues without sending again; abandoned, compensated, or no '
-'receipt -> the step runs again as a new attempt; dispatched or unknown -> O8006 with '
-'DETAIL {effect_id, effect_state, block_id, attempt}, the receipt to resolve first. Not '
-'failed: O8004 with DETAIL {instance_id, current_state}.';
+COMMENT ON FUNCTION orch8.retry_instance(text, uuid, text, jsonb) IS
+'Retry a failed instance (or one waiting on a verifier for a receipt an operator settled '
+'meanwhile), deciding by the receipt that stopped it (for a duplicate, the receipt '
+'holding the content), through continue_settled_step: committed or verified -> the step '
+'completes with p_output, else the output its resolution carries, and the workflow '
+'continues without sending again; abandoned, compensated, or no receipt -> the step runs '
+'again as a new attempt; dispatched or unknown -> O8006 with DETAIL {effect_id, '
+'effect_state, block_id, attempt}, the receipt to resolve first. No output while later '
+'blocks read the step''s: O8008 with DETAIL {field, effect_id, block_id, read_by}; an '
+'output for a step that runs again, or over resolution_output_bytes: O8008. Another '
+'state: O8004 with DETAIL {instance_id, current_state}.';
 
 CREATE OR REPLACE FUNCTION orch8.api_key_active(p_key_id uuid)
 RETURNS boolean

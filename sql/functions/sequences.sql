@@ -63,8 +63,31 @@ PARALLEL SAFE
 AS $$ SELECT ARRAY['data', 'config', 'outputs', 'instance_id', 'runtime'] $$;
 
 COMMENT ON FUNCTION orch8.template_roots() IS
-'The roots a {{ expr }} placeholder may start with: data, config, outputs, instance_id, '
-'runtime.';
+'The roots a {{ expr }} placeholder in a step''s params may start with: data, config, '
+'outputs, instance_id, runtime.';
+
+CREATE OR REPLACE FUNCTION orch8.verify_template_roots()
+RETURNS text[]
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$ SELECT ARRAY['effect', 'params', 'data', 'config', 'instance_id'] $$;
+
+COMMENT ON FUNCTION orch8.verify_template_roots() IS
+'The roots a {{ expr }} placeholder in a verifier''s lookup (verify.http) may start with: '
+'effect (the receipt: id, idempotency_key, provider_receipt_id, attempt, block_id), '
+'params (the step''s params as sent), data, config, instance_id.';
+
+CREATE OR REPLACE FUNCTION orch8.verify_expression_roots()
+RETURNS text[]
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$ SELECT ARRAY['response', 'effect', 'params', 'data', 'config'] $$;
+
+COMMENT ON FUNCTION orch8.verify_expression_roots() IS
+'The names verify.applied_if and verify.not_applied_if may use: response (the lookup''s '
+'output: status, headers, json, body), effect, params, data, config.';
 
 CREATE OR REPLACE FUNCTION orch8.template_placeholder_pattern()
 RETURNS text
@@ -78,23 +101,28 @@ COMMENT ON FUNCTION orch8.template_placeholder_pattern() IS
 '(group 1 is the expression). A {{ left after removing every match is unclosed. The same '
 'pattern works in PostgreSQL and Python (with re.DOTALL).';
 
-CREATE OR REPLACE FUNCTION orch8.template_expression_pattern()
+CREATE OR REPLACE FUNCTION orch8.template_expression_pattern(
+    p_roots text[] DEFAULT orch8.template_roots()
+)
 RETURNS text
 LANGUAGE sql
 IMMUTABLE
 PARALLEL SAFE
 AS $$
-    SELECT '^(' || array_to_string(orch8.template_roots(), '|') || ')'
+    SELECT '^(' || array_to_string(p_roots, '|') || ')'
            || '((?:\.[A-Za-z0-9_-]+)*)'
            || '(?:\s*\|\s*''([^'']*)'')?$'
 $$;
 
-COMMENT ON FUNCTION orch8.template_expression_pattern() IS
+COMMENT ON FUNCTION orch8.template_expression_pattern(text[]) IS
 'The regular expression an expression (trimmed of spaces, tabs and line breaks) must '
-'match: a root of template_roots() (group 1), then .segment parts of A-Z a-z 0-9 _ - '
-'(group 2), then optionally | ''fallback literal'' (group 3).';
+'match: one of p_roots (template_roots() for params, verify_template_roots() for a '
+'verifier''s lookup; group 1), then .segment parts of A-Z a-z 0-9 _ - (group 2), then '
+'optionally | ''fallback literal'' (group 3).';
 
-CREATE OR REPLACE FUNCTION orch8.sequence_template_problems(p_text text)
+CREATE OR REPLACE FUNCTION orch8.sequence_template_problems(
+    p_text text, p_roots text[] DEFAULT orch8.template_roots()
+)
 RETURNS SETOF text
 LANGUAGE plpgsql
 IMMUTABLE
@@ -110,15 +138,15 @@ BEGIN
         SELECT m.m FROM regexp_matches(p_text, orch8.template_placeholder_pattern(), 'g') AS m (m)
     LOOP
         v_expr := btrim(v_match[1], E' \t\r\n');
-        CONTINUE WHEN v_expr ~ orch8.template_expression_pattern();
+        CONTINUE WHEN v_expr ~ orch8.template_expression_pattern(p_roots);
         v_root := substring(v_expr FROM '^[A-Za-z_][A-Za-z0-9_]*');
         IF v_expr = '' THEN
             RETURN NEXT 'empty template "{{ }}"';
-        ELSIF v_root IS NULL OR v_root <> ALL (orch8.template_roots()) THEN
+        ELSIF v_root IS NULL OR v_root <> ALL (p_roots) THEN
             RETURN NEXT format(
                 'template "{{ %s }}" has an unknown root %s (roots: %s)',
                 v_expr, coalesce('"' || v_root || '"', '(none)'),
-                array_to_string(orch8.template_roots(), ', '));
+                array_to_string(p_roots, ', '));
         ELSE
             RETURN NEXT format(
                 'template "{{ %s }}" is malformed: expected root.segment.segment..., '
@@ -132,10 +160,10 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION orch8.sequence_template_problems(text) IS
+COMMENT ON FUNCTION orch8.sequence_template_problems(text, text[]) IS
 'The problems of the {{ expr }} placeholders in one string, one per bad placeholder, in '
 'order, then one for an unclosed {{. The grammar is template_placeholder_pattern() and '
-'template_expression_pattern().';
+'template_expression_pattern(p_roots).';
 
 -- The language: every field, and whether this engine runs it ------------------------------
 
@@ -182,6 +210,10 @@ AS $$
     ('step', 'params', true, 'the handler''s parameters, with {{ }} templates'),
     ('step', 'timeout', true, 'milliseconds the handler may run'),
     ('step', 'retry', true, 'the retry policy'),
+    ('step', 'provider_idempotency', true,
+     'the provider deduplicates by the idempotency key: one key for every attempt, and a '
+     'retry after an ambiguous outcome resends under it'),
+    ('step', 'verify', true, 'how to settle an unknown outcome without a person'),
     ('step', 'delay', false, 'not supported yet'),
     ('step', 'rate_limit_key', false, 'not supported yet'),
     ('step', 'send_window', false, 'not supported yet'),
@@ -202,7 +234,27 @@ AS $$
     ('retry', 'max_backoff', true, 'the longest wait, in milliseconds'),
     ('retry', 'backoff_multiplier', true, 'how the wait grows per attempt'),
     ('retry', 'non_retryable_codes', true, 'error codes that fail the step at once'),
+    ('retry', 'on_ambiguous', true,
+     'after an ambiguous outcome: same_key, new_attempt or settle (orch8.ambiguity_modes)'),
     ('retry', 'retry_if', false, 'not supported yet'),
+    -- a step's verifier: exactly one of http, replay, handler
+    ('verify', 'http', true, 'a lookup request {method, url, headers} with {{ }} templates'),
+    ('verify', 'applied_if', true,
+     'http: an expression over response, effect, params that is true when it happened'),
+    ('verify', 'not_applied_if', true,
+     'http: an expression that is true when it did not happen (else inconclusive)'),
+    ('verify', 'receipt_path', true,
+     'http: where the provider receipt id is in the lookup''s output, e.g. json.id'),
+    ('verify', 'replay', true,
+     'true: resend the identical request under the same key (needs provider_idempotency)'),
+    ('verify', 'handler', true, 'true: the Python verifier registered beside the handler'),
+    ('verify', 'schedule', true,
+     'milliseconds before each try; after the last inconclusive one, escalated'),
+    ('verify', 'on_verified', true, 'continue (default) or stop'),
+    ('verify', 'on_not_applied', true, 'retry (default, within retry.max_attempts) or stop'),
+    ('verify_http', 'method', true, 'GET (default) or POST'),
+    ('verify_http', 'url', true, 'the lookup URL'),
+    ('verify_http', 'headers', true, 'an object of header name -> string'),
     -- a declared invariant
     ('invariant', 'name', true, 'unique among the invariants'),
     ('invariant', 'type', true, 'the rule'),
@@ -217,9 +269,9 @@ $$;
 
 COMMENT ON FUNCTION orch8.sequence_language() IS
 'Every field of the sequence language, by scope (definition, block_type, step, retry, '
-'invariant, invariant_type), and whether this engine runs it. validate_sequence accepts '
-'exactly the supported ones and refuses the others with their note ("not supported yet"); '
-'a name not listed is "unknown".';
+'verify, verify_http, invariant, invariant_type), and whether this engine runs it. '
+'validate_sequence accepts exactly the supported ones and refuses the others with their '
+'note ("not supported yet"); a name not listed is "unknown".';
 
 CREATE OR REPLACE FUNCTION orch8.sequence_field_problems(
     p_scope text, p_object jsonb, p_path text
@@ -269,7 +321,9 @@ COMMENT ON FUNCTION orch8.sequence_top_problems(jsonb) IS
 'Problems of a definition''s top level: fields the language does not accept, and blocks '
 'missing, empty, not an array or over the sequence_blocks limit.';
 
-CREATE OR REPLACE FUNCTION orch8.sequence_params_problems(p_params jsonb, p_path text)
+CREATE OR REPLACE FUNCTION orch8.sequence_params_problems(
+    p_params jsonb, p_path text, p_roots text[] DEFAULT orch8.template_roots()
+)
 RETURNS TABLE (path text, message text)
 LANGUAGE sql
 IMMUTABLE
@@ -293,13 +347,13 @@ AS $$
     )
     SELECT w.at, t.problem
     FROM walk AS w
-    CROSS JOIN LATERAL orch8.sequence_template_problems(w.val #>> '{}') AS t (problem)
+    CROSS JOIN LATERAL orch8.sequence_template_problems(w.val #>> '{}', p_roots) AS t (problem)
     WHERE jsonb_typeof(w.val) = 'string'
 $$;
 
-COMMENT ON FUNCTION orch8.sequence_params_problems(jsonb, text) IS
-'The template problems of every string anywhere inside a step''s params (objects and '
-'arrays walked), each at its path.';
+COMMENT ON FUNCTION orch8.sequence_params_problems(jsonb, text, text[]) IS
+'The template problems of every string anywhere inside a step''s params, or a verifier''s '
+'lookup (objects and arrays walked), each at its path, with the roots p_roots.';
 
 CREATE OR REPLACE FUNCTION orch8.sequence_retry_problems(p_retry jsonb, p_path text)
 RETURNS TABLE (path text, message text)
@@ -340,6 +394,11 @@ BEGIN
         RETURN QUERY SELECT p_path || '.backoff_multiplier',
             'backoff_multiplier must be a number >= 1';
     END IF;
+    IF p_retry ? 'on_ambiguous'
+       AND coalesce(p_retry ->> 'on_ambiguous' <> ALL (orch8.ambiguity_modes()), true) THEN
+        RETURN QUERY SELECT p_path || '.on_ambiguous', format(
+            'on_ambiguous must be one of %s', array_to_string(orch8.ambiguity_modes(), ', '));
+    END IF;
     IF p_retry ? 'non_retryable_codes' AND (
         jsonb_typeof(p_retry -> 'non_retryable_codes') <> 'array'
         OR EXISTS (
@@ -356,7 +415,140 @@ $$;
 COMMENT ON FUNCTION orch8.sequence_retry_problems(jsonb, text) IS
 'Problems of a step''s retry object: its fields (language scope retry), max_attempts '
 '1..retry_max_attempts, initial_backoff >= 0, max_backoff >= initial_backoff, '
-'backoff_multiplier >= 1, non_retryable_codes an array of strings.';
+'backoff_multiplier >= 1, non_retryable_codes an array of strings, on_ambiguous one of '
+'ambiguity_modes() (same_key is checked against the step by sequence_step_problems).';
+
+CREATE OR REPLACE FUNCTION orch8.sequence_verify_problems(p_step jsonb, p_path text)
+RETURNS TABLE (path text, message text)
+LANGUAGE plpgsql
+STABLE
+PARALLEL SAFE
+AS $$
+DECLARE
+    v_verify jsonb := p_step -> 'verify';
+    v_http jsonb := p_step -> 'verify' -> 'http';
+    v_methods text [];
+    v_field text;
+BEGIN
+    IF jsonb_typeof(v_verify) <> 'object' THEN
+        RETURN QUERY SELECT p_path, 'verify must be a JSON object';
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM orch8.sequence_field_problems('verify', v_verify, p_path);
+    SELECT array_agg(m.m) INTO v_methods
+    FROM unnest(orch8.verification_methods()) AS m (m) WHERE v_verify ? m.m;
+    IF coalesce(cardinality(v_methods), 0) <> 1 THEN
+        RETURN QUERY SELECT p_path, format('verify needs exactly one of %s',
+                                           array_to_string(orch8.verification_methods(), ', '));
+    END IF;
+    IF jsonb_typeof(p_step -> 'handler') = 'string'
+       AND NOT orch8.handler_has_side_effects(p_step ->> 'handler') THEN
+        RETURN QUERY SELECT p_path, format(
+            'verify settles side effects; handler "%s" has none', p_step ->> 'handler');
+    END IF;
+
+    IF v_verify ? 'http' THEN
+        IF jsonb_typeof(v_http) <> 'object' THEN
+            RETURN QUERY SELECT p_path || '.http', 'http must be an object {method, url, headers}';
+        ELSE
+            RETURN QUERY SELECT * FROM orch8.sequence_field_problems(
+                'verify_http', v_http, p_path || '.http');
+            IF NOT coalesce(jsonb_typeof(v_http -> 'url') = 'string'
+                            AND v_http ->> 'url' <> '', false) THEN
+                RETURN QUERY SELECT p_path || '.http.url',
+                    'url is required (a non-empty string; templates over effect, params, '
+                    'data, config, instance_id)';
+            END IF;
+            IF v_http ? 'method' AND coalesce(
+                   v_http ->> 'method' <> ALL (orch8.verify_http_methods()), true) THEN
+                RETURN QUERY SELECT p_path || '.http.method', format(
+                    'method must be one of %s',
+                    array_to_string(orch8.verify_http_methods(), ', '));
+            END IF;
+            IF v_http ? 'headers' AND (
+                jsonb_typeof(v_http -> 'headers') <> 'object'
+                OR EXISTS (SELECT 1 FROM jsonb_each(v_http -> 'headers') AS h
+                           WHERE jsonb_typeof(h.value) <> 'string')
+            ) THEN
+                RETURN QUERY SELECT p_path || '.http.headers',
+                    'headers must be an object of name -> string';
+            END IF;
+            RETURN QUERY SELECT * FROM orch8.sequence_params_problems(
+                v_http, p_path || '.http', orch8.verify_template_roots());
+        END IF;
+        IF NOT v_verify ? 'applied_if' THEN
+            RETURN QUERY SELECT p_path || '.applied_if',
+                'applied_if is required with http (an expression over response, effect, '
+                'params that is true when the effect happened)';
+        END IF;
+    ELSE
+        FOREACH v_field IN ARRAY ARRAY['applied_if', 'not_applied_if', 'receipt_path'] LOOP
+            IF v_verify ? v_field THEN
+                RETURN QUERY SELECT p_path || '.' || v_field,
+                    format('%s belongs to an http verifier', v_field);
+            END IF;
+        END LOOP;
+    END IF;
+    FOREACH v_field IN ARRAY ARRAY['applied_if', 'not_applied_if', 'receipt_path'] LOOP
+        IF v_verify ? v_field AND NOT coalesce(
+               jsonb_typeof(v_verify -> v_field) = 'string' AND v_verify ->> v_field <> '',
+               false) THEN
+            RETURN QUERY SELECT p_path || '.' || v_field,
+                format('%s must be a non-empty string', v_field);
+        END IF;
+    END LOOP;
+    IF v_verify ? 'replay' THEN
+        IF (v_verify -> 'replay') IS DISTINCT FROM 'true' THEN
+            RETURN QUERY SELECT p_path || '.replay', 'replay must be true';
+        ELSIF (p_step -> 'provider_idempotency') IS DISTINCT FROM 'true' THEN
+            RETURN QUERY SELECT p_path || '.replay',
+                'replay resends the request, which is safe only when the provider '
+                'deduplicates it: set provider_idempotency to true';
+        END IF;
+    END IF;
+    IF v_verify ? 'handler' THEN
+        IF (v_verify -> 'handler') IS DISTINCT FROM 'true' THEN
+            RETURN QUERY SELECT p_path || '.handler', 'handler must be true';
+        ELSIF EXISTS (SELECT 1 FROM orch8.builtin_handlers AS h
+                      WHERE h.name = p_step ->> 'handler') THEN
+            RETURN QUERY SELECT p_path || '.handler', format(
+                'handler "%s" is a builtin, which has no Python verifier: use http or replay',
+                p_step ->> 'handler');
+        END IF;
+    END IF;
+    IF v_verify ? 'schedule' AND (
+        jsonb_typeof(v_verify -> 'schedule') <> 'array'
+        OR jsonb_array_length(v_verify -> 'schedule') NOT BETWEEN 1
+           AND orch8.limit_of('verify_tries')
+        OR EXISTS (
+            SELECT 1 FROM jsonb_array_elements(v_verify -> 'schedule') AS d
+            WHERE coalesce(orch8.sequence_json_integer(d.value)
+                           NOT BETWEEN 0 AND orch8.limit_of('verify_delay_ms'), true))
+    ) THEN
+        RETURN QUERY SELECT p_path || '.schedule', format(
+            'schedule must be 1 to %s delays, each an integer from 0 to %s (milliseconds)',
+            orch8.limit_of('verify_tries'), orch8.limit_of('verify_delay_ms'));
+    END IF;
+    IF v_verify ? 'on_verified'
+       AND coalesce(v_verify ->> 'on_verified' NOT IN ('continue', 'stop'), true) THEN
+        RETURN QUERY SELECT p_path || '.on_verified', 'on_verified must be continue or stop';
+    END IF;
+    IF v_verify ? 'on_not_applied'
+       AND coalesce(v_verify ->> 'on_not_applied' NOT IN ('retry', 'stop'), true) THEN
+        RETURN QUERY SELECT p_path || '.on_not_applied', 'on_not_applied must be retry or stop';
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.sequence_verify_problems(jsonb, text) IS
+'Problems of a step''s verify (p_step is the whole step): its fields (language scopes '
+'verify and verify_http), exactly one of http, replay, handler, a side-effecting handler; '
+'http needs a url (templates over verify_template_roots()), a method of '
+'verify_http_methods(), string headers, and applied_if; applied_if, not_applied_if and '
+'receipt_path are http''s, non-empty strings; replay is true and needs '
+'provider_idempotency true; handler is true and not a builtin; schedule 1..verify_tries '
+'delays of 0..verify_delay_ms; on_verified continue|stop; on_not_applied retry|stop. The '
+'expressions'' syntax is the runner''s (checked by orch8_py before storing).';
 
 CREATE OR REPLACE FUNCTION orch8.sequence_step_problems(p_step jsonb, p_path text)
 RETURNS TABLE (path text, message text)
@@ -395,6 +587,28 @@ BEGIN
     IF p_step ? 'retry' THEN
         RETURN QUERY SELECT * FROM orch8.sequence_retry_problems(
             p_step -> 'retry', p_path || '.retry');
+        IF p_step -> 'retry' ->> 'on_ambiguous' = 'same_key'
+           AND (p_step -> 'provider_idempotency') IS DISTINCT FROM 'true'
+           AND NOT coalesce((p_step -> 'params') ? 'idempotency_key', false) THEN
+            RETURN QUERY SELECT p_path || '.retry.on_ambiguous',
+                'same_key resends under the same key, which is harmless only when the '
+                'provider deduplicates: set provider_idempotency to true or give an '
+                'idempotency_key param';
+        END IF;
+    END IF;
+    IF p_step ? 'provider_idempotency' THEN
+        IF jsonb_typeof(p_step -> 'provider_idempotency') <> 'boolean' THEN
+            RETURN QUERY SELECT p_path || '.provider_idempotency',
+                'provider_idempotency must be true or false';
+        ELSIF jsonb_typeof(p_step -> 'handler') = 'string'
+              AND NOT orch8.handler_has_side_effects(p_step ->> 'handler') THEN
+            RETURN QUERY SELECT p_path || '.provider_idempotency', format(
+                'provider_idempotency is about side effects; handler "%s" has none',
+                p_step ->> 'handler');
+        END IF;
+    END IF;
+    IF p_step ? 'verify' THEN
+        RETURN QUERY SELECT * FROM orch8.sequence_verify_problems(p_step, p_path || '.verify');
     END IF;
     RETURN QUERY SELECT * FROM orch8.sequence_field_problems('step', p_step, p_path);
 END
@@ -403,7 +617,9 @@ $$;
 COMMENT ON FUNCTION orch8.sequence_step_problems(jsonb, text) IS
 'Problems of a step block beyond id and type: handler (required; a builtin this engine '
 'does not run is not supported yet), params (an object; template problems), timeout '
-'(positive integer ms), retry, and fields the language does not accept in a step.';
+'(positive integer ms), retry (on_ambiguous same_key only where the provider '
+'deduplicates), provider_idempotency (a boolean, for a side-effecting handler), verify '
+'(sequence_verify_problems), and fields the language does not accept in a step.';
 
 CREATE OR REPLACE FUNCTION orch8.sequence_block_problems(p_block jsonb, p_path text)
 RETURNS TABLE (path text, message text)

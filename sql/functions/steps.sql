@@ -54,6 +54,124 @@ COMMENT ON FUNCTION orch8.fail_step(text, uuid, uuid, text, integer, uuid, jsonb
 '__error__ row (retryable false), keep the instance on that block, and fail the instance '
 'with p_reason.';
 
+-- What a step's definition says about its effect: read by begin_effect, finish_step and
+-- the verifier, so no runner decides it.
+
+CREATE OR REPLACE FUNCTION orch8.instance_step(
+    p_tenant_id text, p_instance_id uuid, p_block_id text
+)
+RETURNS jsonb
+LANGUAGE sql
+STABLE
+AS $$
+    SELECT b.value
+    FROM orch8.task_instances AS t
+    JOIN orch8.sequences AS s ON s.tenant_id = t.tenant_id AND s.id = t.sequence_id
+    CROSS JOIN LATERAL jsonb_array_elements(s.definition -> 'blocks') AS b (value)
+    WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id AND b.value ->> 'id' = p_block_id
+    LIMIT 1
+$$;
+
+COMMENT ON FUNCTION orch8.instance_step(text, uuid, text) IS
+'The definition of block p_block_id in the sequence an instance runs, or NULL.';
+
+CREATE OR REPLACE FUNCTION orch8.step_idempotency_key_param(p_params jsonb)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN jsonb_typeof(p_params -> 'idempotency_key') IN ('string', 'number')
+                     AND p_params ->> 'idempotency_key' <> ''
+                THEN p_params ->> 'idempotency_key' END
+$$;
+
+COMMENT ON FUNCTION orch8.step_idempotency_key_param(jsonb) IS
+'The idempotency_key param of a step''s rendered params (a non-empty string, or a number '
+'as text), or NULL.';
+
+CREATE OR REPLACE FUNCTION orch8.step_idempotency_key_problem(p_params jsonb)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+    SELECT format('the idempotency_key param is %s bytes, over the limit of %s',
+                  octet_length(k.key), orch8.limit_of('idempotency_key_bytes'))
+    FROM (SELECT orch8.step_idempotency_key_param(p_params) AS key) AS k
+    WHERE octet_length(k.key) > orch8.limit_of('idempotency_key_bytes')
+$$;
+
+COMMENT ON FUNCTION orch8.step_idempotency_key_problem(jsonb) IS
+'Why a step''s idempotency_key param cannot be a receipt''s key (over '
+'idempotency_key_bytes), or NULL.';
+
+CREATE OR REPLACE FUNCTION orch8.step_ambiguity_mode(p_step jsonb)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+    SELECT coalesce(
+        p_step -> 'retry' ->> 'on_ambiguous',
+        CASE WHEN p_step -> 'provider_idempotency' = 'true'
+                  OR (p_step -> 'params') ? 'idempotency_key'
+             THEN 'same_key' ELSE 'settle' END)
+$$;
+
+COMMENT ON FUNCTION orch8.step_ambiguity_mode(jsonb) IS
+'What a step does after an ambiguous outcome (orch8.ambiguity_modes()): its '
+'retry.on_ambiguous, else same_key when the provider deduplicates (provider_idempotency '
+'true, or an idempotency_key param), else settle (never resend: a verifier or an '
+'operator settles the receipt first).';
+
+CREATE OR REPLACE FUNCTION orch8.await_settlement(
+    p_tenant_id text,
+    p_instance_id uuid,
+    p_lease_token uuid,
+    p_block_id text,
+    p_attempt integer,
+    p_effect_id uuid,
+    p_error text
+)
+RETURNS orch8.instance_state
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_state orch8.instance_state;
+BEGIN
+    PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_block_id, p_attempt,
+        '__unsettled__', jsonb_build_object('error', p_error, 'effect_id', p_effect_id),
+        NULL, p_effect_id, p_lease_token);
+    UPDATE orch8.task_instances AS t SET current_block = p_block_id
+    WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id;
+    -- scheduled only when the step declares a verifier and the receipt is unknown
+    PERFORM orch8.schedule_verification(p_tenant_id, p_effect_id, 'engine');
+    v_state := orch8.apply_requested_state(p_tenant_id, p_instance_id, 'running');
+    IF v_state <> 'running' THEN
+        RETURN v_state;  -- paused or cancelled meanwhile; a verifier still settles the receipt
+    END IF;
+    v_state := CASE WHEN EXISTS (
+                        SELECT 1 FROM orch8.effect_verifications AS v
+                        WHERE v.tenant_id = p_tenant_id AND v.effect_id = p_effect_id
+                          AND v.state = 'pending')
+                    THEN 'waiting'::orch8.instance_state
+                    ELSE 'failed'::orch8.instance_state END;
+    PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running', v_state,
+        'runner', CASE WHEN v_state = 'waiting'
+                       THEN format('%s; its verifier settles receipt %s', p_error, p_effect_id)
+                       ELSE p_error END);
+    RETURN v_state;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.await_settlement(text, uuid, uuid, text, integer, uuid, text) IS
+'A step whose outcome is ambiguous and is not resent (internal helper of begin_step and '
+'finish_step): append __unsettled__ (compute_attempt keeps the attempt, so running the '
+'block again lands on the same receipt and cannot send), keep the instance on the block, '
+'schedule the step''s verifier, and move the instance to waiting (a verifier is pending) '
+'or failed (for an operator), or to the pause or cancel requested meanwhile.';
+
 CREATE OR REPLACE FUNCTION orch8.begin_step(
     p_tenant_id text,
     p_instance_id uuid,
@@ -88,7 +206,15 @@ BEGIN
         PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running',
             v_inst.requested_state, 'operator', 'requested while running');
         RETURN ROW('stopped', NULL, NULL, NULL, p_block_id, p_attempt, NULL, NULL,
-                   v_inst.requested_state::text)::orch8.effect_outcome;
+                   v_inst.requested_state::text, NULL)::orch8.effect_outcome;
+    END IF;
+    IF orch8.step_idempotency_key_problem(p_params) IS NOT NULL THEN
+        -- refused before any receipt (begin_effect would raise, and lose this record)
+        PERFORM orch8.fail_step(p_tenant_id, p_instance_id, p_lease_token, p_block_id,
+            p_attempt, NULL, jsonb_build_object('error', 'idempotency_key too long'),
+            'InvalidInput: ' || orch8.step_idempotency_key_problem(p_params));
+        RETURN ROW('stopped', NULL, NULL, NULL, p_block_id, p_attempt, NULL, NULL,
+                   'failed', NULL)::orch8.effect_outcome;
     END IF;
     v_out := orch8.begin_effect(p_tenant_id, p_instance_id, p_block_id, p_handler, p_params,
                                 p_attempt);
@@ -98,6 +224,12 @@ BEGIN
     IF v_out.outcome = 'dispatched' THEN
         PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_block_id, p_attempt,
             '__in_progress__', NULL, NULL, v_out.effect_id, p_lease_token);
+        RETURN v_out;
+    END IF;
+    IF v_out.outcome = 'blocked' AND v_out.state = 'unknown' THEN
+        -- an earlier run of this attempt may have sent it: settle that receipt first
+        PERFORM orch8.await_settlement(p_tenant_id, p_instance_id, p_lease_token, p_block_id,
+            p_attempt, v_out.effect_id, 'EffectBlocked: ' || v_out.detail);
         RETURN v_out;
     END IF;
     -- blocked, stale or duplicate: never retried. The trace begin_effect wrote stays.
@@ -116,9 +248,13 @@ $$;
 
 COMMENT ON FUNCTION orch8.begin_step(text, uuid, uuid, text, text, jsonb, integer) IS
 'Before a handler runs, in one call: check the lease (O8001), begin_effect, and on '
-'dispatched append the __in_progress__ sentinel with the effect id. On blocked, stale or '
-'duplicate, append __error__ (retryable false) and fail the instance in the same '
-'transaction; the outcome is returned (never raised) so those writes persist. A pure '
+'dispatched append the __in_progress__ sentinel with the effect id. Blocked on an unknown '
+'receipt (an earlier run of this attempt may have sent): await_settlement (__unsettled__, '
+'the verifier or an operator). Otherwise blocked, stale or duplicate: append __error__ '
+'(retryable false) and fail the instance in the same transaction; the outcome is '
+'returned (never raised) so those writes persist. An idempotency_key param over '
+'idempotency_key_bytes fails the step before any receipt (outcome stopped, detail '
+'failed). A pure '
 'handler returns a NULL outcome and writes nothing. An operator''s pending pause or '
 'cancel is applied first (outcome stopped, detail the new state). Repeating the call '
 'under the same lease after a lost answer returns the same dispatched outcome.';
@@ -143,6 +279,7 @@ DECLARE
     v_settled orch8.effect_outcome;
     v_next text;
     v_state orch8.instance_state;
+    v_retry_in interval;
 BEGIN
     IF p_result IS NULL OR p_result NOT IN ('ok', 'error', 'not_applied') THEN
         RAISE EXCEPTION 'finish_step result must be ok, error or not_applied, got %',
@@ -191,6 +328,9 @@ BEGIN
     IF p_result = 'ok' THEN
         PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_block_id, p_attempt,
             NULL, coalesce(p_output, 'null'), NULL, p_effect_id, p_lease_token);
+        IF p_effect_id IS NOT NULL THEN
+            PERFORM orch8.settle_same_key_receipts(p_tenant_id, p_effect_id, 'engine');
+        END IF;
         v_next := orch8.next_block_id(p_tenant_id, v_inst.sequence_id, p_block_id);
         IF v_next IS NULL THEN
             PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running',
@@ -209,7 +349,22 @@ BEGIN
         RETURN;
     END IF;
 
-    IF p_retry_in IS NULL THEN
+    v_retry_in := p_retry_in;
+    IF p_result = 'error' AND p_effect_id IS NOT NULL THEN
+        -- Ambiguous: it may have been sent. Resend only as the step says; by default the
+        -- receipt is settled first, whatever the runner proposed.
+        IF orch8.step_ambiguity_mode(
+               orch8.instance_step(p_tenant_id, p_instance_id, p_block_id)) = 'settle' THEN
+            v_retry_in := NULL;
+        END IF;
+        IF v_retry_in IS NULL THEN
+            v_state := orch8.await_settlement(p_tenant_id, p_instance_id, p_lease_token,
+                p_block_id, p_attempt, p_effect_id, p_error);
+            RETURN QUERY SELECT v_state, NULL::text, NULL::integer;
+            RETURN;
+        END IF;
+    END IF;
+    IF v_retry_in IS NULL THEN
         PERFORM orch8.fail_step(p_tenant_id, p_instance_id, p_lease_token, p_block_id,
             p_attempt, p_effect_id, jsonb_build_object('error', p_error), p_error);
         RETURN QUERY SELECT 'failed'::orch8.instance_state, NULL::text, NULL::integer;
@@ -220,7 +375,7 @@ BEGIN
     v_state := orch8.apply_requested_state(p_tenant_id, p_instance_id, 'running');
     IF v_state = 'running' THEN
         PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running', 'scheduled',
-                                          'runner', p_error, orch8.now() + p_retry_in);
+                                          'runner', p_error, orch8.now() + v_retry_in);
         v_state := 'scheduled';
     END IF;
     RETURN QUERY SELECT v_state, NULL::text, NULL::integer;
@@ -232,10 +387,14 @@ COMMENT ON FUNCTION orch8.finish_step(
 ) IS
 'After a handler returns, in one transaction, fenced by the lease (O8001): settle the '
 'receipt (ok: commit_effect; error: mark_effect_unknown; not_applied: '
-'abandon_effect_not_applied) and record the step: ok -> output row, then the next block '
-'of the sequence (next_block_id; the instance stays running, or takes a pause or cancel '
-'requested meanwhile) or completed; error with p_retry_in -> __retry__ and scheduled '
-'p_retry_in from now; error without -> __error__ and failed. A receipt moved by someone '
+'abandon_effect_not_applied) and record the step: ok -> output row (and the step''s '
+'unknown receipts under the same key settled: settle_same_key_receipts), then the next '
+'block of the sequence (next_block_id; the instance stays running, or takes a pause or '
+'cancel requested meanwhile) or completed; error with p_retry_in -> __retry__ and '
+'scheduled p_retry_in from now; error without -> __error__ and failed. An ambiguous '
+'outcome (error with an effect) is retried only when step_ambiguity_mode is not settle '
+'(p_retry_in is ignored otherwise); not retried, it goes to await_settlement. A receipt '
+'moved by someone '
 'else fails the instance (EffectBlocked). Returns the instance state and, while it is '
 'running, the block to run next with its attempt (compute_attempt). Repeating the call '
 'under the same lease after a lost answer changes nothing and returns the same.';
