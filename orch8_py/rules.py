@@ -58,6 +58,7 @@ LIMITS = {'block_id_chars': 200,
  'state_key_bytes': 256,
  'state_value_bytes': 262144,
  'verify_delay_ms': 86400000,
+ 'verify_request_receipts': 1000,
  'verify_tries': 50}
 
 PATTERNS = {'identifier': {'pattern': '^[A-Za-z0-9_.-]{1,100}$',

@@ -8,14 +8,24 @@ import datetime as dt
 import json
 import re
 import socket
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from psycopg.types.json import Jsonb
 
-from orch8_py import apikeys, sqlapi
+from orch8_py import apikeys, rules, sqlapi
 from orch8_py.handlers import handler
+from orch8_py.handlers.http import output_from_response
+from tests.queue_helpers import (
+    VERIFIED_HANDLER,
+    escalate,
+    supersede,
+    unknown_receipt,
+    verified_sequence,
+)
 from tests.runner_helpers import running, wait_for
 from web import create_app
 
@@ -218,6 +228,7 @@ def test_roles(conn, as_role):
         ("/instances", {"sequence": "hello"}),
         (f"/instances/{inst}/cancel", None),
         (f"/instances/{inst}/signals", {"type": "x"}),
+        ("/continuity/effects/verify", {"superseded": True}),
     ]:
         problem(auditor.post(path, body), 403, "forbidden")
 
@@ -275,10 +286,17 @@ def test_another_tenants_resources_are_not_found(conn, api, as_role):
         (f"/instances/{theirs}/resume", None),
         (f"/instances/{theirs}/retry", None),
         (f"/instances/{theirs}/signals", {"type": "approved"}),
-        (f"/continuity/effects/{effect_id}/resolve", {"state": "committed", "evidence": {}}),
+        (
+            f"/continuity/effects/{effect_id}/resolve",
+            {"state": "committed", "evidence": {}, "expected_state": "unknown"},
+        ),
         ("/instances", {"sequence": "theirs"}),
     ]:
         problem(api.post(path, body), 404, "not found")
+    # asking a verifier for their receipt: not found here, and nothing scheduled
+    asked = ok(api.post("/continuity/effects/verify", {"effect_ids": [str(effect_id)]}))
+    assert asked == {"items": [{"effect_id": str(effect_id), "outcome": "not_found"}]}
+    assert count(conn, "effect_verifications") == 0
     assert ok(api.get("/instances"))["items"] == []
     assert ok(api.get("/sequences"))["items"] == []
     assert ok(api.get("/webhooks/outbox"))["items"] == []
@@ -582,10 +600,29 @@ def test_effect_lists_queue_and_detail(conn, api):
     assert [q["effect_id"] for q in queue] == [str(effect_id)]
     assert queue[0]["instance_id"] == str(inst) and queue[0]["age_seconds"] >= 0
     assert queue[0]["idempotency_key"] == "order-7"
+    # its failed instance waits on it; its step declares no verifier
+    assert queue[0]["blocking"] is True
+    assert (
+        queue[0]["verification"],
+        queue[0]["verification_tries"],
+        queue[0]["verification_max_tries"],
+        queue[0]["verification_next_at"],
+    ) == (None, None, None, None)
+    assert [q["effect_id"] for q in ok(api.get("/effects/unresolved?blocking=true"))["items"]] == [
+        str(effect_id)
+    ]
+    assert ok(api.get("/effects/unresolved?blocking=false"))["items"] == []
     assert ok(api.get("/effects/unresolved?kind=worker&older_than=0s&limit=1"))["items"]
     assert ok(api.get("/effects/unresolved?kind=http"))["items"] == []
     assert ok(api.get("/effects/unresolved?older_than=1d"))["items"] == []
-    for qs in ["kind=bogus", "older_than=10", "older_than=10y", "older_than=1234567d", "limit=500"]:
+    for qs in [
+        "kind=bogus",
+        "older_than=10",
+        "older_than=10y",
+        "older_than=1234567d",
+        "limit=500",
+        "blocking=maybe",
+    ]:
         problem(api.get(f"/effects/unresolved?{qs}"), 422)
 
     shown = ok(api.get(f"/effects/{effect_id}"))
@@ -631,27 +668,29 @@ def test_resolve_flow(conn, api, as_role):
     seq = make_seq(conn)
     _, effect_id = fail_with_unknown_receipt(conn, seq)
     url = f"/continuity/effects/{effect_id}/resolve"
+    seen = {"expected_state": "unknown"}
 
-    body = problem(api.post(url, {"state": "abandoned", "evidence": {}}), 422, "invalid input")
-    assert "evidence" in body["detail"]
-    body = problem(api.post(url, {"state": "compensated", "evidence": {}}), 422)
-    body = problem(api.post(url, {"state": "committed"}), 422)
+    body = problem(api.post(url, {"state": "abandoned", "evidence": {}, **seen}), 422)
+    assert body["error"] == "invalid input" and "evidence" in body["detail"]
+    body = problem(api.post(url, {"state": "compensated", "evidence": {}, **seen}), 422)
+    body = problem(api.post(url, {"state": "committed", **seen}), 422)
     assert body["problems"] == [{"path": "evidence", "message": "is required"}]
-    body = problem(api.post(url, {"state": "done", "evidence": "yes"}), 422)
+    body = problem(api.post(url, {"state": "done", "evidence": "yes", **seen}), 422)
     assert {p["path"] for p in body["problems"]} == {"state", "evidence"}
     problem(
-        api.post(url, {"state": "committed", "evidence": {}, "provider_receipt_id": "x" * 300}), 422
+        api.post(
+            url,
+            {"state": "committed", "evidence": {}, "provider_receipt_id": "x" * 300, **seen},
+        ),
+        422,
     )
-    # only states some receipt can be resolved to (rules.RESOLUTIONS) are accepted
-    body = problem(api.post(url, {"state": "dispatched", "evidence": {"a": 1}}), 422)
-    assert [p["path"] for p in body["problems"]] == ["state"]
     body = problem(
         api.post(url, {"state": "committed", "evidence": {"a": 1}, "expected_state": "dispatched"}),
         409,
         "reload before resolving",
     )
     assert body["current_state"] == "unknown"
-    problem(as_role("auditor").post(url, {"state": "committed", "evidence": {}}), 403)
+    problem(as_role("auditor").post(url, {"state": "committed", "evidence": {}, **seen}), 403)
 
     resolved = ok(
         api.post(
@@ -676,27 +715,179 @@ def test_resolve_flow(conn, api, as_role):
     )
     # someone resolved it meanwhile: a second operator still expecting unknown must reload
     body = problem(
-        api.post(url, {"state": "abandoned", "evidence": {"x": 1}, "expected_state": "unknown"}),
+        api.post(url, {"state": "abandoned", "evidence": {"x": 1}, **seen}),
         409,
         "reload before resolving",
     )
     assert body["current_state"] == "committed"
     # an illegal move names the current state and where it may go
-    body = problem(api.post(url, {"state": "abandoned", "evidence": {"x": 1}}), 409, "conflict")
+    body = problem(
+        api.post(url, {"state": "abandoned", "evidence": {"x": 1}, "expected_state": "committed"}),
+        409,
+        "conflict",
+    )
     assert body["current_state"] == "committed"
     assert body["allowed_states"] == ["compensated"]
     # committed -> compensated is legal, with evidence
-    assert (
-        ok(api.post(url, {"state": "compensated", "evidence": {"refund": "re_1"}}))["state"]
-        == "compensated"
+    compensated = ok(
+        api.post(
+            url,
+            {"state": "compensated", "evidence": {"refund": "re_1"}, "expected_state": "committed"},
+        )
     )
+    assert compensated["state"] == "compensated"
     problem(
         api.post(
-            f"/continuity/effects/{uuid.uuid4()}/resolve", {"state": "committed", "evidence": {}}
+            f"/continuity/effects/{uuid.uuid4()}/resolve",
+            {"state": "committed", "evidence": {}, **seen},
         ),
         404,
     )
-    problem(api.post("/continuity/effects/42/resolve", {"state": "committed", "evidence": {}}), 422)
+    problem(
+        api.post("/continuity/effects/42/resolve", {"state": "committed", "evidence": {}, **seen}),
+        422,
+    )
+
+
+def test_resolve_needs_expected_state_and_a_target_a_receipt_can_be_resolved_to(conn, api):
+    seq = make_seq(conn)
+    _, effect_id = fail_with_unknown_receipt(conn, seq)
+    url = f"/continuity/effects/{effect_id}/resolve"
+    body = problem(api.post(url, {"state": "committed", "evidence": {"a": 1}}), 422)
+    assert body["error"] == "invalid input"
+    assert body["problems"] == [{"path": "expected_state", "message": "is required"}]
+    allowed = "'abandoned', 'committed', 'compensated' or 'verified'"
+    for state in ("dispatched", "planned", "unknown", "prepared"):
+        body = problem(
+            api.post(url, {"state": state, "evidence": {"a": 1}, "expected_state": "unknown"}),
+            422,
+            "invalid input",  # refused by the request's declaration, not 409 by the engine
+        )
+        assert body["problems"] == [{"path": "state", "message": f"Input should be {allowed}"}]
+    body = problem(
+        api.post(url, {"state": "committed", "evidence": {}, "expected_state": "settled"}), 422
+    )
+    assert [p["path"] for p in body["problems"]] == ["expected_state"]
+    # an output belongs to committed or verified only
+    body = problem(
+        api.post(
+            url,
+            {"state": "abandoned", "evidence": {"a": 1}, "expected_state": "unknown", "output": 1},
+        ),
+        422,
+    )
+    assert body["problems"] == [
+        {
+            "path": "output",
+            "message": "an output belongs to a committed or verified resolution (the step then"
+            " completes with it), not to abandoned",
+        }
+    ]
+    body = problem(
+        api.post(
+            url,
+            {
+                "state": "committed",
+                "evidence": {},
+                "expected_state": "unknown",
+                "output": {"k": "a\u0000b"},
+            },
+        ),
+        422,
+    )
+    assert [p["path"] for p in body["problems"]] == ["output.k"]
+    assert ok(api.get(f"/effects/{effect_id}"))["state"] == "unknown"  # nothing moved
+
+
+def test_of_two_resolutions_from_the_same_state_the_second_is_409_and_the_first_stays(conn, api):
+    seq = make_seq(conn)
+    _, effect_id = fail_with_unknown_receipt(conn, seq)
+    url = f"/continuity/effects/{effect_id}/resolve"
+    first = {
+        "state": "committed",
+        "evidence": {"by": "alice"},
+        "provider_receipt_id": "ch_alice",
+        "expected_state": "unknown",
+    }
+    second = {"state": "abandoned", "evidence": {"by": "bob"}, "expected_state": "unknown"}
+    ok(api.post(url, first))
+    body = problem(api.post(url, second), 409, "reload before resolving")
+    assert body["current_state"] == "committed" and body["effect_id"] == str(effect_id)
+    shown = ok(api.get(f"/effects/{effect_id}"))
+    assert (shown["state"], shown["provider_receipt_id"]) == ("committed", "ch_alice")
+    assert shown["evidence"]["resolution"]["evidence"] == {"by": "alice"}
+    assert [e["to_state"] for e in shown["events"]].count("abandoned") == 0
+
+
+def test_concurrent_resolutions_from_the_same_state_one_wins(app, conn, keys):
+    seq = make_seq(conn)
+    _, effect_id = fail_with_unknown_receipt(conn, seq)
+    url = f"/continuity/effects/{effect_id}/resolve"
+    barrier = threading.Barrier(6)
+
+    def attempt(n):
+        client = Api(app.test_client(), keys["operator"])
+        barrier.wait()
+        return n, client.post(
+            url,
+            {
+                "state": "verified" if n % 2 else "abandoned",
+                "evidence": {"by": f"operator {n}"},
+                "expected_state": "unknown",
+            },
+        )
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        answers = list(pool.map(attempt, range(6)))
+    statuses = sorted(resp.status_code for _, resp in answers)
+    assert statuses == [200, 409, 409, 409, 409, 409], statuses
+    [(winner, _)] = [(n, r) for n, r in answers if r.status_code == 200]
+    for _, resp in answers:
+        if resp.status_code == 409:
+            assert resp.get_json()["error"] == "reload before resolving"
+    shown = ok(Api(app.test_client(), keys["operator"]).get(f"/effects/{effect_id}"))
+    assert shown["evidence"]["resolution"]["evidence"] == {"by": f"operator {winner}"}
+    moves = [(e["from_state"], e["to_state"]) for e in shown["events"]]
+    assert moves.count(("unknown", shown["state"])) == 1 and len(moves) == 5
+
+
+def test_a_resolution_clears_the_error_and_later_ones_keep_the_first(conn, api):
+    seq = make_seq(conn)
+    _, effect_id = fail_with_unknown_receipt(conn, seq)
+    url = f"/continuity/effects/{effect_id}/resolve"
+    assert ok(api.get(f"/effects/{effect_id}"))["error"]  # unknown: why it is
+    committed = ok(
+        api.post(
+            url,
+            {
+                "state": "committed",
+                "evidence": {"dashboard": "paid"},
+                "output": {"receipt_id": "ch_1"},
+                "expected_state": "unknown",
+            },
+        )
+    )
+    assert committed["error"] is None
+    assert committed["evidence"]["resolution"]["output"] == {"receipt_id": "ch_1"}
+    refunded = ok(
+        api.post(
+            url,
+            {
+                "state": "compensated",
+                "evidence": {"refund": "re_1"},
+                "note": "customer refunded",
+                "expected_state": "committed",
+            },
+        )
+    )
+    assert refunded["state"] == "compensated" and refunded["error"] is None
+    history = refunded["evidence"]["resolutions"]
+    assert [(h["state"], h["evidence"]) for h in history] == [
+        ("committed", {"dashboard": "paid"}),
+        ("compensated", {"refund": "re_1"}),
+    ]
+    assert history[0]["output"] == {"receipt_id": "ch_1"}
+    assert refunded["evidence"]["resolution"]["state"] == "compensated"
 
 
 def test_retry_while_the_receipt_is_unknown_is_refused_naming_it(conn, api):
@@ -718,6 +909,7 @@ def test_retry_after_committed_completes_from_evidence_without_sending(db_url, c
                 "state": "committed",
                 "provider_receipt_id": "ch_1",
                 "evidence": {"dashboard": "paid"},
+                "expected_state": "unknown",
             },
         )
     )
@@ -733,8 +925,14 @@ def test_retry_after_committed_completes_from_evidence_without_sending(db_url, c
     assert SENT == []  # the handler never ran again
     outputs = ok(api.get(f"/instances/{inst}/outputs"))["items"]
     settled = [o for o in outputs if o["block_id"] == "charge" and o["sentinel"] is None]
-    assert settled[0]["output"]["settled_by_operator"] is True
-    assert settled[0]["output"]["provider_receipt_id"] == "ch_1"
+    # nobody reads charge's output: it completes with a marker naming the resolution
+    assert settled[0]["output"] == {
+        "settled": True,
+        "settled_by": "key:operator-alice",
+        "effect_id": str(effect_id),
+        "effect_state": "committed",
+        "provider_receipt_id": "ch_1",
+    }
     assert ok(api.get(f"/instances/{inst}"))["state"] == "completed"
     audit = ok(api.get(f"/instances/{inst}/audit"))["items"]
     assert any(a["actor"] == "key:operator-alice" and a["to_state"] == "scheduled" for a in audit)
@@ -749,9 +947,12 @@ def test_retry_after_abandoned_reruns_as_a_new_attempt(db_url, conn, api):
             {
                 "state": "abandoned",
                 "evidence": {"provider": "no such charge"},
+                "expected_state": "unknown",
             },
         )
     )
+    body = problem(api.post(f"/instances/{inst}/retry", {"output": {"id": "x"}}), 422)
+    assert body["field"] == "output" and "runs again" in body["detail"]
     out = ok(api.post(f"/instances/{inst}/retry", {}))
     assert (out["outcome"], out["block_id"], out["effect_id"]) == (
         "rerun",
@@ -763,6 +964,252 @@ def test_retry_after_abandoned_reruns_as_a_new_attempt(db_url, conn, api):
     assert len(SENT) == 1 and SENT[0][0] == 1 and SENT[0][1] != str(effect_id)
     receipts = ok(api.get(f"/instances/{inst}/effects"))["items"]
     assert [(r["attempt"], r["state"]) for r in receipts] == [(0, "abandoned"), (1, "committed")]
+
+
+READS_CHARGE = {
+    "blocks": [
+        {"type": "step", "id": "charge", "handler": "test.api.charge"},
+        {
+            "type": "step",
+            "id": "ship",
+            "handler": "test.api.ship",
+            "params": {"receipt": "{{ outputs.charge.receipt_id }}"},
+        },
+    ]
+}
+SHIPPED: list[dict] = []
+
+
+@handler("test.api.ship")
+def ship(params, ctx):
+    SHIPPED.append(params)
+    return {"shipped": params["receipt"]}
+
+
+def test_resolve_with_an_output_then_retry_completes_the_step_with_it(db_url, conn, api):
+    SHIPPED.clear()
+    seq = make_seq(conn, READS_CHARGE)
+    inst, effect_id = fail_with_unknown_receipt(conn, seq)
+    ok(
+        api.post(
+            f"/continuity/effects/{effect_id}/resolve",
+            {
+                "state": "verified",
+                "evidence": {"dashboard": "ch_9 paid"},
+                "output": {"receipt_id": "ch_9"},
+                "expected_state": "unknown",
+            },
+        )
+    )
+    out = ok(api.post(f"/instances/{inst}/retry"))
+    assert (out["outcome"], out["state"]) == ("completed_from_evidence", "scheduled")
+    outputs = ok(api.get(f"/instances/{inst}/outputs"))["items"]
+    charge = [o for o in outputs if o["block_id"] == "charge" and o["sentinel"] is None]
+    assert [(o["output"], o["effect_id"]) for o in charge] == [
+        ({"receipt_id": "ch_9"}, str(effect_id))
+    ]
+    with running(db_url):
+        assert wait_for(conn, [inst])[inst] == ("completed", None)
+    assert SENT == [] and SHIPPED == [{"receipt": "ch_9"}]  # ship read the resolution's output
+    outputs = ok(api.get(f"/instances/{inst}/outputs"))["items"]
+    shipped = [o["output"] for o in outputs if o["block_id"] == "ship" and not o["sentinel"]]
+    assert shipped == [{"shipped": "ch_9"}]
+
+
+def test_retry_without_an_output_that_later_blocks_read_is_refused_naming_them(db_url, conn, api):
+    SHIPPED.clear()
+    seq = make_seq(conn, READS_CHARGE)
+    inst, effect_id = fail_with_unknown_receipt(conn, seq)
+    ok(
+        api.post(
+            f"/continuity/effects/{effect_id}/resolve",
+            {"state": "committed", "evidence": {"dashboard": "paid"}, "expected_state": "unknown"},
+        )
+    )
+    body = problem(api.post(f"/instances/{inst}/retry"), 422, "invalid input")
+    assert (body["field"], body["read_by"], body["block_id"], body["effect_id"]) == (
+        "output",
+        ["ship"],
+        "charge",
+        str(effect_id),
+    )
+    assert "ship" in body["detail"]
+    assert ok(api.get(f"/instances/{inst}"))["state"] == "failed"  # nothing moved
+    # the retry gives it
+    out = ok(api.post(f"/instances/{inst}/retry", {"output": {"receipt_id": "ch_given"}}))
+    assert out["outcome"] == "completed_from_evidence"
+    outputs = ok(api.get(f"/instances/{inst}/outputs"))["items"]
+    assert [o["output"] for o in outputs if o["block_id"] == "charge" and not o["sentinel"]] == [
+        {"receipt_id": "ch_given"}
+    ]
+    with running(db_url):
+        assert wait_for(conn, [inst])[inst] == ("completed", None)
+    assert SHIPPED == [{"receipt": "ch_given"}]
+
+
+def test_null_is_an_output_too_and_leaving_it_out_is_none(conn, api):
+    seq = make_seq(conn, READS_CHARGE)
+    a, ea = fail_with_unknown_receipt(conn, seq)
+    b, eb = fail_with_unknown_receipt(conn, seq)
+    committed = {"state": "committed", "evidence": {"seen": 1}, "expected_state": "unknown"}
+    resolved = ok(api.post(f"/continuity/effects/{ea}/resolve", {**committed, "output": None}))
+    assert "output" in resolved["evidence"]["resolution"]
+    assert resolved["evidence"]["resolution"]["output"] is None
+    assert ok(api.post(f"/instances/{a}/retry"))["outcome"] == "completed_from_evidence"
+    resolved = ok(api.post(f"/continuity/effects/{eb}/resolve", committed))
+    assert "output" not in resolved["evidence"]["resolution"]
+    problem(api.post(f"/instances/{b}/retry", {}), 422)  # left out: none, and ship reads it
+    assert ok(api.post(f"/instances/{b}/retry", {"output": None}))["outcome"] == (
+        "completed_from_evidence"
+    )
+    for instance in (a, b):
+        outputs = ok(api.get(f"/instances/{instance}/outputs"))["items"]
+        charge = [o for o in outputs if o["block_id"] == "charge" and not o["sentinel"]]
+        assert [o["output"] for o in charge] == [None]
+
+
+def test_an_http_response_in_the_evidence_becomes_the_steps_output(conn, api):
+    definition = {
+        "blocks": [
+            {
+                "type": "step",
+                "id": "charge",
+                "handler": "http_request",
+                "params": {
+                    "method": "POST",
+                    "url": "https://pay.example/charges",
+                    "receipt_path": "json.id",
+                },
+            },
+            {
+                "type": "step",
+                "id": "ship",
+                "handler": "noop",
+                "params": {"r": "{{ outputs.charge }}"},
+            },
+        ]
+    }
+    seq = make_seq(conn, definition)
+    inst = conn.execute(
+        "SELECT id FROM orch8.create_instance('acme', %s, '{}')", (seq,)
+    ).fetchone()[0]
+    begin = (
+        "SELECT outcome, effect_id FROM orch8.begin_step('acme', %s, %s, 'charge',"
+        " 'http_request', %s, 0)"
+    )
+    params = Jsonb(definition["blocks"][0]["params"])
+    token = claim(conn, inst)
+    conn.execute(begin, (inst, token, params))
+    conn.execute("SELECT orch8.release_lease('acme', %s, %s)", (inst, token))
+    outcome, effect_id = conn.execute(begin, (inst, claim(conn, inst), params)).fetchone()
+    assert outcome == "blocked"
+    url = f"/continuity/effects/{effect_id}/resolve"
+    # keys in order: the test client sends JSON with sorted keys, and without a body the
+    # handler's body is the compact JSON text of json
+    response = {"json": {"amount": 1250, "id": "ch_77"}, "status": 201}
+    # a response the handler cannot read is refused, naming the evidence
+    body = problem(
+        api.post(
+            url,
+            {
+                "state": "committed",
+                "evidence": {"response": {"status": "ok"}},
+                "expected_state": "unknown",
+            },
+        ),
+        422,
+    )
+    assert body["field"] == "evidence" and "status" in body["detail"]
+    resolved = ok(
+        api.post(
+            url,
+            {"state": "committed", "evidence": {"response": response}, "expected_state": "unknown"},
+        )
+    )
+    expected = output_from_response(response, "json.id")
+    assert expected["status"] == 201 and expected["json"] == response["json"]
+    assert resolved["evidence"]["resolution"]["output"] == expected
+    assert ok(api.post(f"/instances/{inst}/retry"))["outcome"] == "completed_from_evidence"
+    outputs = ok(api.get(f"/instances/{inst}/outputs"))["items"]
+    assert [o["output"] for o in outputs if o["block_id"] == "charge" and not o["sentinel"]] == [
+        expected
+    ]
+
+
+def test_verify_route_schedules_verifiers_and_says_what_it_did_per_receipt(conn, api):
+    url = "/continuity/effects/verify"
+    plain = make_seq(conn)
+    _, no_verifier = fail_with_unknown_receipt(conn, plain)
+    _, committed = fail_with_unknown_receipt(conn, plain)
+    ok(
+        api.post(
+            f"/continuity/effects/{committed}/resolve",
+            {"state": "committed", "evidence": {}, "expected_state": "unknown"},
+        )
+    )
+    verified = verified_sequence(conn, ACME)
+    waiting, pending = unknown_receipt(conn, verified, ACME, VERIFIED_HANDLER)
+    assert ok(api.get(f"/instances/{waiting}"))["state"] == "waiting"
+    escalate(conn, ACME, pending)  # its one try was inconclusive
+    missing = uuid.uuid4()
+
+    answer = ok(api.post(url, {"effect_ids": [str(no_verifier), str(committed), str(missing)]}))
+    assert {(i["effect_id"], i["outcome"]) for i in answer["items"]} == {
+        (str(no_verifier), "no_verifier"),
+        (str(committed), "not_unknown"),
+        (str(missing), "not_found"),
+    }
+    queue = {q["effect_id"]: q for q in ok(api.get("/effects/unresolved"))["items"]}
+    assert (queue[str(pending)]["verification"], queue[str(pending)]["verification_tries"]) == (
+        "escalated",
+        1,
+    )
+    assert queue[str(pending)]["verification_max_tries"] == 1
+    assert queue[str(pending)]["verification_next_at"] is None
+    # an escalated one tries again; asking twice changes nothing
+    assert ok(api.post(url, {"effect_ids": [str(pending)]}))["items"] == [
+        {"effect_id": str(pending), "outcome": "rescheduled"}
+    ]
+    assert ok(api.post(url, {"effect_ids": [str(pending)]}))["items"] == [
+        {"effect_id": str(pending), "outcome": "already_scheduled"}
+    ]
+    again = ok(api.get("/effects/unresolved?blocking=true"))["items"]
+    row = next(q for q in again if q["effect_id"] == str(pending))
+    assert (row["verification"], row["verification_tries"]) == ("pending", 0)
+    assert row["verification_next_at"] is not None
+
+    # superseded: an unknown receipt whose instance ended
+    waiting2, superseded = unknown_receipt(conn, verified, ACME, VERIFIED_HANDLER)
+    supersede(conn, ACME, waiting2)
+    listed = ok(api.get("/effects/unresolved?blocking=false"))["items"]
+    assert [(q["effect_id"], q["blocking"]) for q in listed] == [(str(superseded), False)]
+    bulk = ok(api.post(url, {"superseded": True}))["items"]
+    assert bulk == [{"effect_id": str(superseded), "outcome": "already_scheduled"}]
+    events = ok(api.get(f"/effects/{pending}"))["events"]
+    assert any(
+        e["actor"] == "key:operator-alice" and e["note"] == "verification scheduled again"
+        for e in events
+    )
+
+    # exactly one of effect_ids and superseded
+    for body in (
+        {},
+        {"effect_ids": [str(pending)], "superseded": True},
+        {"superseded": False},
+        {"effect_ids": []},
+        {"effect_ids": ["nope"]},
+        {"effect_ids": None, "superseded": None},
+    ):
+        got = problem(api.post(url, body), 422, "invalid input")
+        assert got["problems"], body
+    got = problem(api.post(url, {}), 422)
+    assert got["problems"] == [
+        {"path": "$", "message": "send either effect_ids or superseded: true (exactly one of them)"}
+    ]
+    problem(api.post(url), 400)  # a body is required
+    too_many = [str(uuid.uuid4()) for _ in range(rules.LIMITS["verify_request_receipts"] + 1)]
+    got = problem(api.post(url, {"effect_ids": too_many}), 422)
+    assert [p["path"] for p in got["problems"]] == ["effect_ids"], got
 
 
 # --- webhooks ----------------------------------------------------------------------------

@@ -79,8 +79,24 @@ def test_enums_limits_and_patterns_come_from_the_rules(doc):
     resolve = _schema(doc, "ResolveRequest")
     resolvable = sorted({s for moves in rules.RESOLUTIONS.values() for s in moves})
     assert resolve["properties"]["state"]["enum"] == resolvable
-    assert resolve["then"]["properties"]["evidence"] == {"minProperties": 1}
-    assert resolve["if"]["properties"]["state"]["enum"] == list(rules.RESOLUTIONS_NEEDING_EVIDENCE)
+    assert resolve["properties"]["expected_state"]["enum"] == list(rules.EFFECT_STATES)
+    assert {"state", "expected_state", "evidence"} == set(resolve["required"])
+    evidence_rule, output_rule = resolve["allOf"]
+    assert evidence_rule["then"]["properties"]["evidence"] == {"minProperties": 1}
+    assert evidence_rule["if"]["properties"]["state"]["enum"] == list(
+        rules.RESOLUTIONS_NEEDING_EVIDENCE
+    )
+    # an output only for the resolutions after which the step completes
+    assert output_rule["then"] == {"properties": {"output": False}}
+    assert set(output_rule["if"]["properties"]["state"]["enum"]) == set(resolvable) - {
+        "committed",
+        "verified",
+    }
+    queue = doc["paths"][f"{PREFIX}/effects/unresolved"]["get"]["parameters"]
+    blocking = next(p for p in queue if p["name"] == "blocking")
+    assert blocking["schema"]["type"] == "boolean" and not blocking["required"]
+    verification = _schema(doc, "UnresolvedEffect")["properties"]["verification"]["anyOf"][0]
+    assert verification["enum"] == list(rules.VERIFICATION_STATES)
     key = _schema(doc, "InstanceCreate")["properties"]["idempotency_key"]["anyOf"][0]
     assert (key["x-minBytes"], key["x-maxBytes"], key["maxLength"]) == (1, KEY, KEY)
     note = resolve["properties"]["note"]["anyOf"][0]
@@ -155,6 +171,8 @@ def test_optional_bodies_are_not_required(doc):
     }
     assert bodies[(f"{PREFIX}/instances", "post")] is True
     assert bodies[(f"{PREFIX}/continuity/effects/{{effect_id}}/resolve", "post")] is True
+    # no field of it alone is required, but one of two must be sent
+    assert bodies[(f"{PREFIX}/continuity/effects/verify", "post")] is True
     for action in ("cancel", "pause", "resume", "retry"):
         assert bodies[(f"{PREFIX}/instances/{{instance_id}}/{action}", "post")] is False
     assert bodies[(f"{PREFIX}/webhooks/outbox/{{delivery_id}}/discard", "post")] is False
@@ -168,7 +186,7 @@ def test_every_route_answers_405_with_allow_for_other_methods(app, api):
     for rule in _routes(app):
         path = re.sub(r"<(?:[a-z]+:)?([a-z_]+)>", "x", rule.rule)
         allowed.setdefault(path, set()).update(rule.methods)
-    assert len(allowed) == 26
+    assert len(allowed) == 27
     for path, methods in allowed.items():
         for method in {"GET", "POST", "PUT", "PATCH", "DELETE"} - methods:
             resp = api.client.open(path, method=method, headers=api.headers)
@@ -214,8 +232,9 @@ def test_an_unknown_body_field_is_refused_and_named(api, conn):
         (f"/instances/{inst}/retry", {"colour": 1}),
         (
             f"/continuity/effects/{effect_id}/resolve",
-            {"state": "committed", "evidence": {}, "colour": 1},
+            {"state": "committed", "evidence": {}, "expected_state": "unknown", "colour": 1},
         ),
+        ("/continuity/effects/verify", {"superseded": True, "colour": 1}),
         ("/webhooks/subscriptions", {"url": "http://127.0.0.1:9/h", "colour": 1}),
     ]:
         got = problem(api.post(path, body), 422, "invalid input")
@@ -275,7 +294,7 @@ def test_byte_limits_hold_exactly_at_the_boundary(api, conn):
     seq = make_seq(conn, CHARGE)
     _, effect_id = fail_with_unknown_receipt(conn, seq)
     url = f"/continuity/effects/{effect_id}/resolve"
-    base = {"state": "committed", "evidence": {"seen": True}}
+    base = {"state": "committed", "evidence": {"seen": True}, "expected_state": "unknown"}
     for field, limit in (("note", NOTE), ("provider_receipt_id", RECEIPT)):
         body = problem(api.post(url, {**base, field: "é" * (limit // 2) + "x"}), 422)
         assert [p["path"] for p in body["problems"]] == [field]
@@ -340,5 +359,9 @@ def test_answers_carry_exactly_their_models_fields(api, conn, doc):
     shown = ok(api.get(f"/effects/{effect_id}"))
     assert set(shown) == fields("EffectDetail")
     assert shown["instance_state"] == "failed" and shown["age_seconds"] >= 0
-    assert set(ok(api.get("/effects/unresolved"))["items"][0]) == fields("UnresolvedEffect")
+    queued = ok(api.get("/effects/unresolved"))["items"][0]
+    assert set(queued) == fields("UnresolvedEffect")
+    assert {"blocking", "verification", "verification_tries"} <= set(queued)
+    asked = ok(api.post("/continuity/effects/verify", {"effect_ids": [str(effect_id)]}))
+    assert set(asked["items"][0]) == fields("VerificationRequested")
     assert set(ok(api.get("/webhooks/outbox"))["items"][0]) == fields("Delivery")

@@ -7,12 +7,22 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import subprocess
+import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from psycopg.types.json import Jsonb
 
+from orch8_py.handlers.http import output_from_response
 from tests.cli_helpers import assert_one_line_error, orch8_env, run_orch8
+from tests.queue_helpers import (
+    VERIFIED_HANDLER,
+    escalate,
+    supersede,
+    unknown_receipt,
+    verified_sequence,
+)
 from tests.runner_helpers import TENANT, make_sequence, start
 
 PARAMS = {"url": "https://pay.example/charge"}
@@ -181,50 +191,65 @@ def test_instances_list_and_operations(db_url, conn):
     )
 
 
-def test_bad_input_is_one_line_with_exit_2(db_url):
+def test_bad_input_is_one_line_with_exit_2(db_url, tmp_path):
     u = str(uuid.uuid4())
+    resolve = ("effects", "resolve", u, "--state", "committed", "--expected-state", "unknown")
     many(
         db_url,
         [
             (2, ("instances", "show", "nope"), ("'nope' is not an instance id",)),
             (2, ("instances", "retry", "42"), ("not an instance id",)),
+            (2, ("instances", "retry", u, "--output", "{bad"), ("--output is not valid JSON",)),
+            (
+                2,
+                ("instances", "retry", u, "--output", f"@{tmp_path / 'none.json'}"),
+                ("--output @", "cannot read"),
+            ),
             (2, ("instances", "cancel", "x"), ("not an instance id",)),
             (2, ("instances", "pause", "x"), ("not an instance id",)),
             (2, ("instances", "resume", "x"), ("not an instance id",)),
             (2, ("instances", "signal", "x", "t"), ("not an instance id",)),
             (2, ("instances", "list", "--limit", "0"), ("--limit",)),
             (2, ("effects", "show", "x"), ("not an effect id",)),
-            (2, ("effects", "resolve", "x", "--state", "committed"), ("not an effect id",)),
             (
                 2,
-                ("effects", "resolve", u, "--state", "committed", "--evidence", "{bad"),
-                ("--evidence is not valid JSON",),
+                ("effects", "resolve", "x", "--state", "committed", "--expected-state", "unknown"),
+                ("not an effect id",),
             ),
+            (2, (*resolve, "--evidence", "{bad"), ("--evidence is not valid JSON",)),
+            (2, (*resolve, "--evidence", "[]"), ("--evidence must be a JSON object",)),
+            (2, (*resolve, "--evidence", "NaN"), ("--evidence is not valid JSON",)),
+            (2, (*resolve, "--output", "{bad"), ("--output is not valid JSON",)),
+            (2, (*resolve, "--response", "[]"), ("--response must be a JSON object",)),
+            (2, (*resolve, "--response", '{"json": {}}'), ("--response needs", "status")),
+            (2, (*resolve, "--response", '{"status": "200"}'), ("--response needs",)),
             (
                 2,
-                ("effects", "resolve", u, "--state", "committed", "--evidence", "[]"),
-                ("--evidence must be a JSON object",),
+                (*resolve, "--response", '{"status": 200}', "--evidence", '{"response": {}}'),
+                ("give the provider's response once",),
             ),
-            (
-                2,
-                ("effects", "resolve", u, "--state", "committed", "--evidence", "NaN"),
-                ("--evidence is not valid JSON",),
-            ),
-            (2, ("effects", "resolve", u, "--state", "committed", "--actor", " "), ("--actor",)),
+            (2, (*resolve, "--actor", " "), ("--actor",)),
             (2, ("effects", "unresolved", "--older-than", "10x"), ("--older-than '10x'",)),
             (2, ("effects", "unresolved", "--older-than", "m"), ("is not a duration",)),
             (2, ("effects", "unresolved", "--limit", "-1"), ("--limit",)),
+            (2, ("effects", "verify"), ("name the receipts to verify", "--superseded")),
+            (2, ("effects", "verify", u, "--superseded"), ("not both",)),
+            (2, ("effects", "verify", u, "x"), ("'x' is not an effect id",)),
             (2, ("api-key", "revoke", "x"), ("not an API key id",)),
             (1, ("effects", "show", u), (f"effect receipt {u} not found",)),
-            (1, ("effects", "resolve", u, "--state", "committed"), (f"{u} not found",)),
+            (1, resolve, (f"{u} not found",)),
             (1, ("instances", "retry", u), (f"instance {u} not found",)),
         ],
     )
     # usage errors are argparse's: exit 2 with the usage
     for args in (
-        ("effects", "resolve", u),  # --state is required
-        ("effects", "resolve", u, "--state", "dispatched"),
+        ("effects", "resolve", u, "--expected-state", "unknown"),  # --state is required
+        ("effects", "resolve", u, "--state", "committed"),  # --expected-state is required
+        ("effects", "resolve", u, "--state", "dispatched", "--expected-state", "unknown"),
+        ("effects", "resolve", u, "--state", "planned", "--expected-state", "unknown"),
+        ("effects", "resolve", u, "--state", "committed", "--expected-state", "settled"),
         ("effects", "unresolved", "--kind", "fax"),
+        ("effects", "unresolved", "--blocking", "--superseded"),
         ("api-key", "create", "--role", "root"),
         ("instances", "list", "--state", "done"),
     ):
@@ -249,11 +274,19 @@ def test_reconciliation_flow(db_url, conn):
     text = ok(db_url, "effects", "unresolved", *t)
     header, first, second = text.splitlines()[:3]
     assert header.split()[:4] == ["EFFECT", "ID", "KIND", "STATE"] and "IDEMPOTENCY KEY" in header
+    assert "BLOCKING" in header and "VERIFICATION" in header
     assert first.split()[:3] == [str(ea), "worker", "unknown"] and str(a) in first
+    # its failed instance waits on it; no verifier: "yes" and "-"
+    assert re.search(r"charge\s+0\s+yes\s+-\s", first), first
     assert "charge" in first and second.startswith(str(eb))
     rows = ok_json(db_url, "effects", "unresolved", *t)
     assert [r["effect_id"] for r in rows] == [str(ea), str(eb)]
     assert rows[0]["kind"] == "worker" and rows[0]["attempt"] == 0 and rows[0]["age_seconds"] >= 0
+    assert (rows[0]["blocking"], rows[0]["verification"], rows[0]["verification_tries"]) == (
+        True,
+        None,
+        None,
+    )
     assert [
         r["effect_id"] for r in ok_json(db_url, "effects", "unresolved", "--limit", "1", *t)
     ] == [str(ea)]
@@ -291,7 +324,7 @@ def test_reconciliation_flow(db_url, conn):
     for value in (str(a), *map(str, receipt), "test.cli.charge", "worker", "(failed)"):
         assert value in text, value
     assert re.search(r"dispatched\s+unknown", text), text
-    assert f"orch8 effects resolve {ea} --tenant {TENANT}" in text
+    assert f"orch8 effects resolve {ea} --tenant {TENANT} --expected-state unknown" in text
     shown = ok_json(db_url, "effects", "show", str(ea), *t)
     assert shown["state"] == "unknown" and shown["request_sha256"] == receipt[1]
     assert [e["to_state"] for e in shown["events"]] == [
@@ -303,7 +336,7 @@ def test_reconciliation_flow(db_url, conn):
 
     # 3. the retry refuses while the receipt is unknown, naming it and the command
     err = refused(db_url, 3, "instances", "retry", str(a), *t, fragments=(str(ea), "is unknown"))
-    assert f"orch8 effects resolve {ea} --tenant {TENANT}" in err
+    assert f"orch8 effects resolve {ea} --tenant {TENANT} --expected-state unknown" in err
 
     # 4. resolve: stale expectation (4), missing evidence (2), then committed
     refused(
@@ -327,6 +360,8 @@ def test_reconciliation_flow(db_url, conn):
         str(ea),
         "--state",
         "abandoned",
+        "--expected-state",
+        "unknown",
         *t,
         fragments=("needs evidence",),
     )
@@ -349,6 +384,22 @@ def test_reconciliation_flow(db_url, conn):
     )
     assert f"effect {ea} is now committed (provider receipt ch_1)" in text
     assert f"orch8 instances retry {a} --tenant {TENANT}" in text
+    # a second resolution still expecting unknown: stale (4), the first one stays
+    refused(
+        db_url,
+        4,
+        "effects",
+        "resolve",
+        str(ea),
+        "--state",
+        "abandoned",
+        "--evidence",
+        '{"by": "bob"}',
+        "--expected-state",
+        "unknown",
+        *t,
+        fragments=("reload before resolving",),
+    )
     refused(
         db_url,
         1,
@@ -356,6 +407,8 @@ def test_reconciliation_flow(db_url, conn):
         "resolve",
         str(ea),
         "--state",
+        "committed",
+        "--expected-state",
         "committed",
         *t,
         fragments=("cannot be resolved from committed", "current state: committed"),
@@ -369,6 +422,8 @@ def test_reconciliation_flow(db_url, conn):
         "abandoned",
         "--evidence",
         '{"found": "nothing"}',
+        "--expected-state",
+        "unknown",
         "--actor",
         "alice@ops",
         *t,
@@ -399,8 +454,239 @@ def test_reconciliation_flow(db_url, conn):
         " AND sentinel IS NULL",
         (a,),
     ).fetchone()[0]
-    assert settled["settled_by_operator"] and settled["provider_receipt_id"] == "ch_1"
+    assert settled["settled"] and settled["provider_receipt_id"] == "ch_1"
+    assert settled["settled_by"] == "cli:tester"
     refused(db_url, 1, "instances", "retry", str(a), *t, fragments=("only a failed instance",))
+
+
+def test_resolve_with_an_output_and_retry_with_one(db_url, conn, tmp_path):
+    seq = make_sequence(
+        conn,
+        [
+            {"type": "step", "id": "charge", "handler": "test.cli.charge"},
+            {
+                "type": "step",
+                "id": "ship",
+                "handler": "noop",
+                "params": {"receipt": "{{ outputs.charge.receipt_id }}"},
+            },
+        ],
+    )
+    a, ea = fail_with_unknown_receipt(conn, seq)
+    b, eb = fail_with_unknown_receipt(conn, seq)
+    t = ("--tenant", TENANT)
+    output_file = tmp_path / "output.json"
+    output_file.write_text(json.dumps({"receipt_id": "ch_a"}))
+
+    # a: the output comes with the resolution (from a file)
+    text = ok(
+        db_url,
+        "effects",
+        "resolve",
+        str(ea),
+        "--state",
+        "verified",
+        "--expected-state",
+        "unknown",
+        "--evidence",
+        '{"dashboard": "paid"}',
+        "--output",
+        f"@{output_file}",
+        *t,
+    )
+    assert 'the step\'s output: {"receipt_id": "ch_a"}' in text
+    assert f"next: `orch8 instances retry {a} --tenant {TENANT}`" in text
+    done = ok_json(db_url, "instances", "retry", str(a), *t)
+    assert (done["outcome"], done["state"]) == ("completed_from_evidence", "scheduled")
+    assert _charge_output(conn, a) == {"receipt_id": "ch_a"}
+
+    # b: none with the resolution; the retry refuses, naming the block that reads it
+    ok(
+        db_url,
+        "effects",
+        "resolve",
+        str(eb),
+        "--state",
+        "committed",
+        "--expected-state",
+        "unknown",
+        *t,
+    )
+    err = refused(
+        db_url,
+        2,
+        "instances",
+        "retry",
+        str(b),
+        *t,
+        fragments=(
+            "read by: ship",
+            "--output JSON",
+            f"orch8 instances retry {b} --tenant {TENANT}",
+        ),
+    )
+    assert "block charge" in err
+    assert conn.execute(
+        "SELECT state::text FROM orch8.task_instances WHERE id = %s", (b,)
+    ).fetchone() == ("failed",)
+    refused(
+        db_url, 2, "instances", "retry", str(b), "--output", "{oops", *t, fragments=("--output",)
+    )
+    # the output on standard input: @-
+    proc = subprocess.run(
+        [sys.executable, "-m", "orch8_py", "instances", "retry", str(b), *t, "--output", "@-"],
+        input='{"receipt_id": "ch_b"}',
+        env=orch8_env(ORCH8_DATABASE_URL=db_url, USER="tester"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("completed_from_evidence (block charge)")
+    assert _charge_output(conn, b) == {"receipt_id": "ch_b"}
+
+
+def _charge_output(conn, instance):
+    return conn.execute(
+        "SELECT output FROM orch8.block_outputs WHERE instance_id = %s AND block_id = 'charge'"
+        " AND sentinel IS NULL",
+        (instance,),
+    ).fetchone()[0]
+
+
+def test_resolve_an_http_request_with_the_providers_response(db_url, conn):
+    params = {"method": "POST", "url": "https://pay.example/charges", "receipt_path": "json.id"}
+    seq = make_sequence(
+        conn,
+        [
+            {"type": "step", "id": "charge", "handler": "http_request", "params": params},
+            {
+                "type": "step",
+                "id": "ship",
+                "handler": "noop",
+                "params": {"r": "{{ outputs.charge }}"},
+            },
+        ],
+    )
+    a = start(conn, seq)
+    token = conn.execute(
+        "SELECT lease_token FROM orch8.claim_due_instances('w1', 1, '30 seconds')"
+    ).fetchone()[0]
+    begin = (
+        "SELECT outcome, effect_id FROM orch8.begin_step(%s, %s, %s, 'charge', 'http_request',"
+        " %s, 0)"
+    )
+    conn.execute(begin, (TENANT, a, token, Jsonb(params)))
+    conn.execute("SELECT orch8.release_lease(%s, %s, %s)", (TENANT, a, token))
+    token = conn.execute(
+        "SELECT lease_token FROM orch8.claim_due_instances('w1', 1, '30 seconds')"
+    ).fetchone()[0]
+    outcome, effect_id = conn.execute(begin, (TENANT, a, token, Jsonb(params))).fetchone()
+    assert outcome == "blocked"
+    response = {"status": 200, "json": {"id": "ch_42", "paid": True}}
+    resolve = (
+        "effects",
+        "resolve",
+        str(effect_id),
+        "--expected-state",
+        "unknown",
+        "--tenant",
+        TENANT,
+    )
+    refused(
+        db_url,
+        2,
+        *resolve,
+        "--state",
+        "committed",
+        "--response",
+        '{"status": 200, "colour": "red"}',
+        fragments=("cannot derive the http_request output from the evidence", "colour"),
+    )
+    refused(
+        db_url,
+        2,
+        *resolve,
+        "--state",
+        "abandoned",
+        "--evidence",
+        '{"found": "nothing"}',
+        "--output",
+        "1",
+        fragments=("an output belongs to a committed or verified resolution",),
+    )
+    out = ok_json(
+        db_url,
+        "effects",
+        "resolve",
+        str(effect_id),
+        "--state",
+        "committed",
+        "--expected-state",
+        "unknown",
+        "--response",
+        json.dumps(response),
+        "--evidence",
+        '{"checked": "provider API"}',
+        "--tenant",
+        TENANT,
+    )
+    resolution = out["evidence"]["resolution"]
+    assert resolution["evidence"] == {"checked": "provider API", "response": response}
+    assert resolution["output"] == output_from_response(response, "json.id")
+    assert out["instance_state"] == "failed"
+    ok(db_url, "instances", "retry", str(a), "--tenant", TENANT)
+    assert _charge_output(conn, a) == output_from_response(response, "json.id")
+
+
+def test_verify_and_the_queue_shows_blocking_superseded_and_verification(db_url, conn):
+    t = ("--tenant", TENANT)
+    plain = make_sequence(conn, [{"type": "step", "id": "charge", "handler": "test.cli.charge"}])
+    _, no_verifier = fail_with_unknown_receipt(conn, plain)
+    verified = verified_sequence(conn, TENANT)
+    _, escalated = unknown_receipt(conn, verified, TENANT, VERIFIED_HANDLER)
+    escalate(conn, TENANT, escalated)
+    gone, superseded = unknown_receipt(conn, verified, TENANT, VERIFIED_HANDLER)
+    supersede(conn, TENANT, gone)
+
+    text = ok(db_url, "effects", "unresolved", *t)
+    lines = {line.split()[0]: line for line in text.splitlines()[1:4]}
+    assert re.search(r"\syes\s+-\s", lines[str(no_verifier)]), text
+    assert re.search(r"\syes\s+escalated 1/1\s", lines[str(escalated)]), text
+    assert re.search(r"\ssuperseded\s+verifying 0/1\s", lines[str(superseded)]), text
+    assert f"orch8 effects verify --superseded --tenant {TENANT}" in text
+    blocking = ok_json(db_url, "effects", "unresolved", "--blocking", *t)
+    assert [r["effect_id"] for r in blocking] == [str(no_verifier), str(escalated)]
+    assert blocking[1]["verification"] == "escalated"
+    assert (blocking[1]["verification_tries"], blocking[1]["verification_max_tries"]) == (1, 1)
+    assert [
+        r["effect_id"] for r in ok_json(db_url, "effects", "unresolved", "--superseded", *t)
+    ] == [str(superseded)]
+    only = ok(db_url, "effects", "unresolved", "--superseded", "--kind", "http", *t)
+    assert "no unresolved effects in tenant 't1' (kind http, superseded)" in only
+
+    missing = str(uuid.uuid4())
+    text = ok(db_url, "effects", "verify", str(no_verifier), str(escalated), missing, *t)
+    said = dict(line.split("  ", 1) for line in text.splitlines())
+    assert said[str(no_verifier)].startswith("no_verifier: its step declares no verify")
+    assert said[str(escalated)].startswith("rescheduled: its escalated verification starts over")
+    assert said[missing] == "not_found: no such receipt in this tenant"
+    assert "verifying 0/1" in ok(db_url, "effects", "unresolved", "--blocking", *t)
+    again = ok_json(db_url, "effects", "verify", "--superseded", "--actor", "alice", *t)
+    assert again == [{"effect_id": str(superseded), "outcome": "already_scheduled"}]
+    assert ok(db_url, "effects", "verify", "--superseded").strip() == (
+        "no superseded unknown receipts in tenant 'default'"
+    )
+    # who asked is on the receipt
+    actors = conn.execute(
+        "SELECT actor FROM orch8.effect_receipt_events WHERE receipt_id = %s"
+        " AND note = 'verification scheduled again'",
+        (escalated,),
+    ).fetchall()
+    assert actors == [("cli:tester",)]
+    # over 1000 receipts in one request: refused by the engine, in one line
+    ids = [str(uuid.uuid4()) for _ in range(1001)]
+    refused(db_url, 2, "effects", "verify", *ids, *t, fragments=("at most 1000",))
 
 
 def test_api_keys(db_url, conn):

@@ -11,6 +11,13 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from orch8_py import apikeys, sqlapi
+from tests.queue_helpers import (
+    VERIFIED_HANDLER,
+    escalate,
+    supersede,
+    unknown_receipt,
+    verified_sequence,
+)
 from tests.runner_helpers import TENANT, make_sequence, start
 from web import create_app
 
@@ -48,6 +55,33 @@ def charge_sequence(conn, tenant=TENANT):
     return conn.execute(
         "SELECT id FROM orch8.create_sequence(%s, 'default', %s, %s)",
         (tenant, f"checkout{uuid.uuid4().hex[:6]}", Jsonb(definition)),
+    ).fetchone()[0]
+
+
+def reads_charge_sequence(conn, tenant=TENANT):
+    """charge, then ship, which reads charge's output."""
+    definition = {
+        "blocks": [
+            {"type": "step", "id": "charge", "handler": "test.console.charge"},
+            {
+                "type": "step",
+                "id": "ship",
+                "handler": "noop",
+                "params": {"receipt": "{{ outputs.charge.receipt_id }}"},
+            },
+        ]
+    }
+    return conn.execute(
+        "SELECT id FROM orch8.create_sequence(%s, 'default', %s, %s)",
+        (tenant, f"reads{uuid.uuid4().hex[:6]}", Jsonb(definition)),
+    ).fetchone()[0]
+
+
+def charge_output(conn, instance):
+    return conn.execute(
+        "SELECT output FROM orch8.block_outputs WHERE instance_id = %s AND block_id = 'charge'"
+        " AND sentinel IS NULL",
+        (instance,),
     ).fetchone()[0]
 
 
@@ -209,13 +243,14 @@ def test_pages_render_for_an_operator(operator, conn, failed):
     dash = operator.get("/console/")
     assert dash.status_code == 200
     assert re.search(r'id="queue-depth">1<', dash.text)
+    assert "1 blocking an instance</a> · <a" in dash.text and "0 superseded" in dash.text
     assert "Instances by state" in dash.text and "Recently failed" in dash.text
     listing = operator.get("/console/instances?state=failed")
     assert listing.status_code == 200 and str(instance) in listing.text
     assert str(instance) not in operator.get("/console/instances?state=completed").text
     detail = operator.get(f"/console/instances/{instance}")
     assert detail.status_code == 200
-    for text in ("EffectBlocked", "__in_progress__", "__error__", str(effect_id)):
+    for text in ("EffectBlocked", "__in_progress__", "__unsettled__", str(effect_id)):
         assert text in detail.text
     assert "Retry instance" in detail.text and "Resolve receipt" in detail.text
     queue = operator.get("/console/effects/unresolved")
@@ -238,6 +273,10 @@ def test_pages_render_for_an_operator(operator, conn, failed):
     )
     for target in ("committed", "verified", "abandoned", "compensated"):
         assert f'<option value="{target}"' in effect.text
+    # only the targets a receipt can be resolved to are offered; an output may go with it
+    options = re.findall(r'<option value="([a-z]+)"', effect.text)
+    assert sorted(options) == ["abandoned", "committed", "compensated", "verified"]
+    assert 'name="output"' in effect.text
     assert operator.get("/console/sequences").status_code == 200
     versions = operator.get(f"/console/sequences/default/{seq_name}")
     assert versions.status_code == 200 and "v1" in versions.text
@@ -402,7 +441,9 @@ def test_a_concurrent_change_says_reload_before_resolving(operator, conn, failed
     token = csrf_of(page.text)
     # somebody else resolves it while the form is open
     conn.execute(
-        "SELECT orch8.resolve_effect('t1', %s, 'verified', NULL, '{\"by\": \"bob\"}', 'bob')",
+        "SELECT orch8.resolve_effect(p_tenant_id => 't1', p_id => %s,"
+        " p_expected_state => 'unknown', p_state => 'verified', p_provider_receipt_id => NULL,"
+        " p_evidence => '{\"by\": \"bob\"}', p_actor => 'bob')",
         (effect_id,),
     )
     resp = operator.post(
@@ -444,6 +485,140 @@ def test_retry_refused_while_unknown_then_completes_from_evidence(operator, conn
         (instance,),
     ).fetchone()[0]
     assert actor == "key:operator-alice"
+
+
+def test_the_resolve_form_needs_expected_state_and_a_target(operator, conn, failed):
+    _, effect_id = failed
+    token = csrf_of(operator.get(f"/console/effects/{effect_id}").text)
+    url = f"/console/effects/{effect_id}/resolve"
+    base = {"csrf_token": token, "evidence": "seen", "state": "committed"}
+    for data in (
+        base,  # no expected_state
+        {**base, "expected_state": ""},
+        {**base, "expected_state": "whatever"},
+        {**base, "expected_state": "unknown", "state": "dispatched"},
+        {**base, "expected_state": "unknown", "state": "planned"},
+    ):
+        resp = operator.post(url, data=data)
+        assert resp.status_code == 400, data
+        assert "choose a state" in resp.text and "Traceback" not in resp.text
+    assert receipt(conn, effect_id)[0] == "unknown"
+
+
+def test_resolve_with_an_output_from_the_form_then_retry_completes_with_it(operator, conn):
+    seq = reads_charge_sequence(conn)
+    instance, effect_id = fail_with_unknown_receipt(conn, seq)
+    bad = resolve_form(operator, effect_id, output='{"receipt_id": ')
+    assert bad.status_code == 422 and "the output is not valid JSON" in bad.text
+    assert "{&#34;receipt_id&#34;: " in bad.text  # what was typed is kept, escaped
+    wrong = resolve_form(
+        operator, effect_id, state="abandoned", evidence="no charge", output='{"x": 1}'
+    )
+    assert wrong.status_code == 422
+    assert "an output belongs to a committed or verified resolution" in wrong.text
+    assert receipt(conn, effect_id)[0] == "unknown"
+
+    resp = resolve_form(operator, effect_id, output='{"receipt_id": "ch_form"}')
+    assert resp.status_code == 302
+    state, _, evidence = receipt(conn, effect_id)
+    assert state == "committed"
+    assert evidence["resolution"]["output"] == {"receipt_id": "ch_form"}
+    assert evidence["resolutions"][-1]["output"] == {"receipt_id": "ch_form"}
+    effect = operator.get(f"/console/effects/{effect_id}")
+    assert "with the output recorded on this receipt" in effect.text
+    retried = operator.post(
+        f"/console/instances/{instance}/retry", data={"csrf_token": csrf_of(effect.text)}
+    )
+    assert "Retried (completed_from_evidence)" in operator.get(retried.headers["Location"]).text
+    assert charge_output(conn, instance) == {"receipt_id": "ch_form"}
+
+
+def test_the_retry_form_takes_an_output_and_names_the_blocks_that_need_one(operator, conn):
+    seq = reads_charge_sequence(conn)
+    instance, effect_id = fail_with_unknown_receipt(conn, seq)
+    assert resolve_form(operator, effect_id).status_code == 302  # committed, no output
+    page = operator.get(f"/console/instances/{instance}")
+    assert 'id="retry-output"' in page.text and 'name="output"' in page.text
+    token = csrf_of(page.text)
+    url = f"/console/instances/{instance}/retry"
+    refused = operator.post(url, data={"csrf_token": token, "output": ""})
+    shown = operator.get(refused.headers["Location"]).text
+    assert "Retry refused" in shown and "read by: ship" in shown
+    assert "retry form&#39;s output field" in shown
+    assert instance_state(conn, instance) == "failed"
+    bad = operator.post(url, data={"csrf_token": token, "output": "{nope"})
+    assert "the output is not valid JSON" in operator.get(bad.headers["Location"]).text
+    done = operator.post(url, data={"csrf_token": token, "output": '{"receipt_id": "ch_r"}'})
+    assert "Retried (completed_from_evidence)" in operator.get(done.headers["Location"]).text
+    assert instance_state(conn, instance) == "scheduled"
+    assert charge_output(conn, instance) == {"receipt_id": "ch_r"}
+
+
+def test_the_queue_shows_blocking_superseded_and_verification_and_asks_verifiers(
+    operator, auditor, conn, failed
+):
+    _, plain = failed
+    verified = verified_sequence(conn, TENANT)
+    _, escalated = unknown_receipt(conn, verified, TENANT, VERIFIED_HANDLER)
+    escalate(conn, TENANT, escalated)
+    _, pending = unknown_receipt(conn, verified, TENANT, VERIFIED_HANDLER)
+    gone, superseded = unknown_receipt(conn, verified, TENANT, VERIFIED_HANDLER)
+    supersede(conn, TENANT, gone)
+
+    queue = operator.get("/console/effects/unresolved")
+    html = queue.text
+    assert 'data-count="4"' in html
+    for which, n in (("blocking", 3), ("superseded", 1), ("verifying", 2), ("escalated", 1)):
+        assert f'id="count-{which}" data-count="{n}"' in html, which
+    articles = re.findall(r'<article class="receipt queue-item".*?</article>', html, re.S)
+    blocks = {
+        re.search(r'id="q-([0-9a-f-]+)"', a).group(1): re.search(
+            r'data-blocking="(\w+)" data-verification="(\w*)"', a
+        ).groups()
+        for a in articles
+    }
+    assert blocks == {
+        str(plain): ("true", ""),
+        str(escalated): ("true", "escalated"),
+        str(pending): ("true", "pending"),
+        str(superseded): ("false", "pending"),
+    }
+    assert "Verification escalated: 1 of 1 tries were inconclusive" in html
+    assert re.search(r"Being verified: 0 of 1 tries used, next try \d{4}-\d\d-\d\d", html)
+    assert "Superseded</span>: no instance waits on it" in html
+    # verify again: offered for the escalated receipt only
+    forms = re.findall(r'action="/console/effects/([0-9a-f-]+)/verify"', html)
+    assert forms == [str(escalated)]
+    assert 'id="verify-superseded"' in html
+    token = csrf_of(html)
+    assert operator.post(f"/console/effects/{escalated}/verify").status_code == 403  # no token
+    auditor_token = csrf_of(auditor.get("/console/effects/unresolved").text)
+    forged = auditor.post(
+        f"/console/effects/{escalated}/verify", data={"csrf_token": auditor_token}
+    )
+    assert forged.status_code == 403 and "can only read" in forged.text
+    assert "verify-again" not in auditor.get("/console/effects/unresolved").text
+    resp = operator.post(f"/console/effects/{escalated}/verify", data={"csrf_token": token})
+    assert resp.status_code == 302
+    page = operator.get(resp.headers["Location"]).text
+    assert f"Receipt {escalated}: its verification starts over, with its tries reset." in page
+    assert 'id="count-escalated" data-count="0"' in page
+    again = operator.post(f"/console/effects/{plain}/verify", data={"csrf_token": token})
+    assert "its step declares no verifier" in operator.get(again.headers["Location"]).text
+    assert (
+        operator.post(
+            f"/console/effects/{uuid.uuid4()}/verify", data={"csrf_token": token}
+        ).status_code
+        == 404
+    )
+    bulk = operator.post("/console/effects/verify-superseded", data={"csrf_token": token})
+    assert bulk.headers["Location"].endswith("/console/effects/unresolved?which=superseded")
+    shown = operator.get(bulk.headers["Location"]).text
+    assert "Verification requested for 1 superseded receipt(s): 1 already scheduled." in shown
+    assert str(superseded) in shown and str(plain) not in shown.split("queue-item", 1)[-1]
+    blocking_only = operator.get("/console/effects/unresolved?which=blocking").text
+    assert str(superseded) not in blocking_only and str(plain) in blocking_only
+    assert operator.get("/console/effects/unresolved?which=maybe").status_code == 400
 
 
 def test_cancel_from_the_instance_page(operator, conn):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orch8_py import apikeys
-from tests.test_console import charge_sequence, fail_with_unknown_receipt, receipt
+from tests.test_console import charge_output, charge_sequence, fail_with_unknown_receipt, receipt
 from web import create_app
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -110,16 +110,26 @@ def test_operator_resolves_an_unknown_receipt_in_a_real_browser(browser, server,
     assert items[0].find_element(By.CSS_SELECTOR, ".effect-id").text == str(effect_id)
     assert items[0].find_element(By.CSS_SELECTOR, ".idempotency-key").text == "order-7"
     assert str(instance) in items[0].text
+    assert items[0].get_attribute("data-blocking") == "true"
+    assert "Blocks its instance" in items[0].find_element(By.CSS_SELECTOR, ".queue-status").text
     browser.save_screenshot(str(tmp_path / "queue-before.png"))
 
     # open it and resolve it: committed, with the provider's receipt id and evidence
     items[0].find_element(By.CSS_SELECTOR, "a.resolve-link").click()
     form = wait.until(ec.presence_of_element_located((By.ID, "resolve-form")))
+    expected = form.find_element(By.CSS_SELECTOR, "input[name=expected_state]")
+    assert expected.get_attribute("type") == "hidden"
+    assert expected.get_attribute("value") == "unknown"  # the state this page showed
+    offered = [
+        o.get_attribute("value") for o in form.find_elements(By.CSS_SELECTOR, "#state option")
+    ]
+    assert offered == ["", "committed", "verified", "compensated", "abandoned"]
     Select(form.find_element(By.ID, "state")).select_by_value("committed")
     form.find_element(By.ID, "provider_receipt_id").send_keys("ch_3LkP")
     form.find_element(By.ID, "evidence").send_keys(
         '{"checked": "pay.example dashboard by idempotency key", "found": "ch_3LkP"}'
     )
+    form.find_element(By.ID, "output").send_keys('{"receipt_id": "ch_3LkP", "amount": 1250}')
     form.find_element(By.ID, "note").send_keys("provider shows the charge")
     browser.save_screenshot(str(tmp_path / "resolve-form.png"))
     form.find_element(By.ID, "resolve").click()
@@ -140,6 +150,7 @@ def test_operator_resolves_an_unknown_receipt_in_a_real_browser(browser, server,
     state, provider_receipt_id, evidence = receipt(conn, effect_id)
     assert (state, provider_receipt_id) == ("committed", "ch_3LkP")
     assert evidence["resolution"]["actor"] == "key:alice"
+    assert evidence["resolution"]["output"] == {"receipt_id": "ch_3LkP", "amount": 1250}
 
     # step 5 of the procedure: retry the instance; the charge is not sent again
     browser.get(f"{server}/console/instances/{instance}")
@@ -147,6 +158,8 @@ def test_operator_resolves_an_unknown_receipt_in_a_real_browser(browser, server,
     flash = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".flash.ok")))
     assert "completed_from_evidence" in flash.text
     assert "scheduled" in browser.find_element(By.ID, "instance-state").text
+    # the step completed with the output the resolution carried
+    assert charge_output(conn, instance) == {"receipt_id": "ch_3LkP", "amount": 1250}
     browser.save_screenshot(str(tmp_path / "instance-after-retry.png"))
 
 

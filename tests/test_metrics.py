@@ -18,6 +18,13 @@ from psycopg.types.json import Jsonb
 
 from orch8_py import metrics
 from orch8_py.errors import ConfigError
+from tests.queue_helpers import (
+    VERIFIED_HANDLER,
+    escalate,
+    supersede,
+    unknown_receipt,
+    verified_sequence,
+)
 from tests.runner_helpers import TENANT, make_sequence, running, start, wait_for
 from web import create_app
 
@@ -94,17 +101,26 @@ def test_unresolved_effects_by_tenant_kind_state_and_oldest_age(conn, client):
     begin_effect(conn, "t2", "http_request")
 
     s = scrape(client)
+    # these receipts have no instance row: nothing waits on them (blocking="false")
+    nothing = {"blocking": "false"}
     assert value(s, "orch8_database_up") == 1
-    assert value(s, "orch8_unresolved_effects", tenant="t1", kind="http", state="unknown") == 2
-    t2 = {"tenant": "t2", "state": "dispatched"}
+    assert (
+        value(s, "orch8_unresolved_effects", tenant="t1", kind="http", state="unknown", **nothing)
+        == 2
+    )
+    t2 = {"tenant": "t2", "state": "dispatched", **nothing}
     assert value(s, "orch8_unresolved_effects", kind="worker", **t2) == 1
     assert value(s, "orch8_unresolved_effects", kind="http", **t2) is None  # too recent
     unresolved = {labels for name, labels in s if name == "orch8_unresolved_effects"}
     assert len(unresolved) == 2
 
-    t1_age = value(s, "orch8_unresolved_effect_oldest_age_seconds", tenant="t1", kind="http")
+    t1_age = value(
+        s, "orch8_unresolved_effect_oldest_age_seconds", tenant="t1", kind="http", **nothing
+    )
     assert 2 * 3600 - 60 < t1_age < 2 * 3600 + 300  # the older of the two
-    t2_age = value(s, "orch8_unresolved_effect_oldest_age_seconds", tenant="t2", kind="worker")
+    t2_age = value(
+        s, "orch8_unresolved_effect_oldest_age_seconds", tenant="t2", kind="worker", **nothing
+    )
     assert 600 - 60 < t2_age < 600 + 300
 
     # the same numbers as the view
@@ -116,13 +132,58 @@ def test_unresolved_effects_by_tenant_kind_state_and_oldest_age(conn, client):
 
     # resolving drops the receipt from the queue
     conn.execute(
-        "SELECT orch8.resolve_effect('t1', %s, 'committed', 'ch_1', %s, 'ops@test')",
+        "SELECT orch8.resolve_effect(p_tenant_id => 't1', p_id => %s,"
+        " p_expected_state => 'unknown', p_state => 'committed',"
+        " p_provider_receipt_id => 'ch_1', p_evidence => %s, p_actor => 'ops@test')",
         (old, Jsonb({"checked": "provider dashboard"})),
     )
     s = scrape(client)
-    assert value(s, "orch8_unresolved_effects", tenant="t1", kind="http", state="unknown") == 1
-    t1_age = value(s, "orch8_unresolved_effect_oldest_age_seconds", tenant="t1", kind="http")
+    assert (
+        value(s, "orch8_unresolved_effects", tenant="t1", kind="http", state="unknown", **nothing)
+        == 1
+    )
+    t1_age = value(
+        s, "orch8_unresolved_effect_oldest_age_seconds", tenant="t1", kind="http", **nothing
+    )
     assert 0 < t1_age < 300
+
+
+def test_unresolved_effects_blocking_or_superseded_and_verifications_by_state(conn, client):
+    verified = verified_sequence(conn, TENANT)
+    _, escalated = unknown_receipt(conn, verified, TENANT, VERIFIED_HANDLER)
+    escalate(conn, TENANT, escalated)  # its instance fails; an instance still waits on it
+    unknown_receipt(conn, verified, TENANT, VERIFIED_HANDLER)  # pending, its instance waiting
+    gone, _ = unknown_receipt(conn, verified, TENANT, VERIFIED_HANDLER)
+    supersede(conn, TENANT, gone)  # pending, and nothing waits on it
+
+    s = scrape(client)
+    worker = {"tenant": TENANT, "kind": "worker", "state": "unknown"}
+    assert value(s, "orch8_unresolved_effects", blocking="true", **worker) == 2
+    assert value(s, "orch8_unresolved_effects", blocking="false", **worker) == 1
+    for blocking in ("true", "false"):
+        age = value(
+            s,
+            "orch8_unresolved_effect_oldest_age_seconds",
+            tenant=TENANT,
+            kind="worker",
+            blocking=blocking,
+        )
+        assert 0 <= age < 300
+    assert value(s, "orch8_effect_verifications", tenant=TENANT, state="pending") == 2
+    assert value(s, "orch8_effect_verifications", tenant=TENANT, state="escalated") == 1
+    assert value(s, "orch8_effect_verifications", tenant=TENANT, state="settled") is None
+
+    # an escalated receipt settled by hand: its verification is settled, not counted
+    conn.execute(
+        "SELECT orch8.resolve_effect(p_tenant_id => %s, p_id => %s,"
+        " p_expected_state => 'unknown', p_state => 'verified', p_provider_receipt_id => NULL,"
+        " p_evidence => '{}', p_actor => 'ops')",
+        (TENANT, escalated),
+    )
+    s = scrape(client)
+    assert value(s, "orch8_effect_verifications", tenant=TENANT, state="escalated") == 0
+    assert value(s, "orch8_effect_verifications", tenant=TENANT, state="pending") == 2
+    assert value(s, "orch8_unresolved_effects", blocking="true", **worker) == 1
 
 
 def test_empty_database_has_up_and_zero_reclaims_only(client):
@@ -130,7 +191,12 @@ def test_empty_database_has_up_and_zero_reclaims_only(client):
     assert value(s, "orch8_database_up") == 1
     assert value(s, "orch8_lease_reclaims_total") == 0
     assert value(s, "orch8_database_query_seconds") >= 0
-    for name in ("orch8_unresolved_effects", "orch8_instances", "orch8_webhook_outbox"):
+    for name in (
+        "orch8_unresolved_effects",
+        "orch8_effect_verifications",
+        "orch8_instances",
+        "orch8_webhook_outbox",
+    ):
         assert name not in names(s)
 
 

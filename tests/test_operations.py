@@ -164,6 +164,7 @@ def test_retry_after_committed_completes_the_step_without_sending(db_url, conn, 
         actor="alice",
         provider_receipt_id="ch_1",
         evidence={"dashboard": "paid"},
+        expected_state="unknown",
     )
     out = call(conn, "SELECT * FROM orch8.retry_instance(%s, %s, 'alice')", TENANT, a)
     assert out[0] == "completed_from_evidence" and out[1] == "charge"
@@ -175,7 +176,8 @@ def test_retry_after_committed_completes_the_step_without_sending(db_url, conn, 
         " AND sentinel IS NULL",
         (a,),
     ).fetchone()[0]
-    assert settled["settled_by_operator"] and settled["provider_receipt_id"] == "ch_1"
+    assert settled["settled"] and settled["provider_receipt_id"] == "ch_1"
+    assert settled["settled_by"] == "alice"
 
 
 def test_retry_after_abandoned_runs_the_step_as_a_new_attempt(db_url, conn, seq):
@@ -189,7 +191,13 @@ def test_retry_after_abandoned_runs_the_step_as_a_new_attempt(db_url, conn, seq)
 
     a, effect_id = fail_with_unknown_receipt(conn, seq)
     ledger.resolve_effect(
-        conn, TENANT, effect_id, "abandoned", actor="alice", evidence={"provider": "no such charge"}
+        conn,
+        TENANT,
+        effect_id,
+        "abandoned",
+        actor="alice",
+        evidence={"provider": "no such charge"},
+        expected_state="unknown",
     )
     out = call(conn, "SELECT * FROM orch8.retry_instance(%s, %s, 'alice')", TENANT, a)
     assert out[0] == "rerun"
@@ -202,7 +210,13 @@ def test_retry_of_the_last_step_settled_completes_the_instance(conn):
     seq = make_sequence(conn, [{"type": "step", "id": "charge", "handler": "test.ops.charge"}])
     a, effect_id = fail_with_unknown_receipt(conn, seq)
     ledger.resolve_effect(
-        conn, TENANT, effect_id, "verified", actor="alice", evidence={"provider": "found it"}
+        conn,
+        TENANT,
+        effect_id,
+        "verified",
+        actor="alice",
+        evidence={"provider": "found it"},
+        expected_state="unknown",
     )
     out = call(conn, "SELECT * FROM orch8.retry_instance(%s, %s, 'alice')", TENANT, a)
     assert out[0] == "completed_from_evidence" and state(conn, a)[0] == "completed"

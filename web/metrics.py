@@ -5,9 +5,10 @@ Two sources in one answer:
   claim batches, lost leases): non-zero only when a runner runs in this process
   (``orch8 up``);
 - gauges read from the database at scrape time, in one statement (one round trip,
-  pipelined with its statement timeout): the unresolved-effects queue by tenant, kind
-  and state with the age of its oldest receipt, instances by state, the webhook outbox
-  by state, delivered webhooks and lease reclaims.
+  pipelined with its statement timeout): the unresolved-effects queue by tenant, kind,
+  state and whether an instance waits on it (``blocking``), with the age of its oldest
+  receipt, the verifications not yet settled by state (pending, escalated), instances by
+  state, the webhook outbox by state, delivered webhooks and lease reclaims.
 
 If the database cannot be read the answer is still 200, with the process metrics and
 ``orch8_database_up 0``. No API key: Prometheus scrapes this, and it exposes counts, not
@@ -92,18 +93,35 @@ class DatabaseMetrics:
         yield from families(rows)
 
 
+# the verification states a gauge shows: the open ones (settled rows only accumulate)
+OPEN_VERIFICATIONS = tuple(v for v in rules.VERIFICATION_STATES if v != "settled")
+
+
+def _blocking(value: Any) -> str:
+    return "true" if value else "false"
+
+
 def families(rows: list[tuple[Any, ...]]) -> Iterator[Metric]:
     """The metric families of the query's rows."""
     unresolved = GaugeMetricFamily(
         "orch8_unresolved_effects",
         "Effect receipts waiting for an operator (orch8.unresolved_effects): unknown, or "
-        "dispatched for longer than orch8.dispatched_alert_after. Alert on its depth.",
-        labels=["tenant", "kind", "state"],
+        "dispatched for longer than orch8.dispatched_alert_after. blocking=true: an instance "
+        "waits on it; false: superseded (the instance ended, or a later attempt of the step "
+        'completed). Alert on the depth of blocking="true".',
+        labels=["tenant", "kind", "state", "blocking"],
     )
     oldest = GaugeMetricFamily(
         "orch8_unresolved_effect_oldest_age_seconds",
         "Age (since the receipt was created) of the oldest unresolved effect receipt.",
-        labels=["tenant", "kind"],
+        labels=["tenant", "kind", "blocking"],
+    )
+    verifications = GaugeMetricFamily(
+        "orch8_effect_verifications",
+        "Verifications of unknown receipts by state: pending (a verifier has tries left), "
+        "escalated (every try was inconclusive: left to people). Every open state of a "
+        "tenant that has one is present, 0 when empty.",
+        labels=["tenant", "state"],
     )
     instances = GaugeMetricFamily(
         "orch8_instances", "Workflow instances by state.", labels=["tenant", "state"]
@@ -121,26 +139,28 @@ def families(rows: list[tuple[Any, ...]]) -> Iterator[Metric]:
         "Running instances whose lease expired and that the lease sweep handed back to "
         "scheduled (instance_transitions with actor lease-sweep): a runner died or stalled.",
     )
-    ages: dict[tuple[str, str], float] = {}
+    ages: dict[tuple[str, str, str], float] = {}
     by_state: dict[str, dict[str, dict[str, int]]] = {
         "instances": defaultdict(dict),
         "webhooks": defaultdict(dict),
+        "verifications": defaultdict(dict),
     }
     reclaimed = 0
-    for metric, tenant, kind, state, n, seconds in rows:
+    for metric, tenant, kind, state, blocking, n, seconds in rows:
         if metric == "unresolved":
-            unresolved.add_metric([tenant, kind, state], n)
-            key = (tenant, kind)
+            unresolved.add_metric([tenant, kind, state, _blocking(blocking)], n)
+            key = (tenant, kind, _blocking(blocking))
             ages[key] = max(ages.get(key, 0.0), seconds or 0.0)
         elif metric in by_state:
             by_state[metric][tenant][state] = n
         elif metric == "lease_reclaims":
             reclaimed = n
-    for (tenant, kind), age in sorted(ages.items()):
-        oldest.add_metric([tenant, kind], age)
+    for (tenant, kind, blocks), age in sorted(ages.items()):
+        oldest.add_metric([tenant, kind, blocks], age)
     for family, states, counts in (
         (instances, rules.INSTANCE_STATES, by_state["instances"]),
         (outbox, rules.OUTBOX_STATES, by_state["webhooks"]),
+        (verifications, OPEN_VERIFICATIONS, by_state["verifications"]),
     ):
         for tenant in sorted(counts):
             for state in (*states, *sorted(set(counts[tenant]) - set(states))):
@@ -148,7 +168,7 @@ def families(rows: list[tuple[Any, ...]]) -> Iterator[Metric]:
     for tenant in sorted(by_state["webhooks"]):
         delivered.add_metric([tenant], by_state["webhooks"][tenant].get("delivered", 0))
     reclaims.add_metric([], reclaimed)
-    yield from (unresolved, oldest, instances, outbox, delivered, reclaims)
+    yield from (unresolved, oldest, verifications, instances, outbox, delivered, reclaims)
 
 
 def render(pool: ConnectionPool) -> bytes:

@@ -57,6 +57,8 @@ FACTS = (
     "limit",
     "size",
     "problems",
+    "block_id",
+    "read_by",
 )
 
 
@@ -107,6 +109,11 @@ class ProblemDocument(BaseModel):
     field: str | None = Field(default=None, description="the field the engine refused")
     limit: int | None = Field(default=None, description="the limit that field is over")
     size: int | None = None
+    block_id: str | None = Field(default=None, description="the step the engine named")
+    read_by: list[str] | None = Field(
+        default=None,
+        description="the later blocks that read the step's output (a retry without one, 422)",
+    )
 
 
 class Problem(Exception):

@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from ..errors import EffectBlocked, InvalidInput, InvalidTransition, Orch8Error, StaleEffect
+from ..errors import (
+    ConfigError,
+    EffectBlocked,
+    InvalidInput,
+    InvalidTransition,
+    Orch8Error,
+    StaleEffect,
+)
 
 # what add_subparsers() returns (generic only to the type checker), and what a command is
 if TYPE_CHECKING:
@@ -107,22 +114,42 @@ def emit(value: Any, as_json: bool, text: str) -> None:
     print(to_json(value) if as_json else text, flush=True)
 
 
-def json_object(raw: str | None, flag: str) -> dict[str, Any] | None:
-    """Parse a flag's JSON object (None stays None); InvalidInput in one line otherwise."""
-    if raw is None:
-        return None
+def json_value(raw: str, flag: str) -> Any:
+    """Parse a flag's JSON (any value); ``@FILE`` reads it from a file (``@-``: stdin).
+    InvalidInput in one line when it is not JSON or the file cannot be read."""
+    text = raw
+    if raw.startswith("@"):
+        path = raw[1:]
+        try:
+            if path == "-":
+                text = sys.stdin.read()
+            else:
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+        except OSError as exc:
+            raise InvalidInput(f"{flag} {raw}: cannot read {path!r} ({exc.strerror})") from None
+        except UnicodeDecodeError:
+            raise InvalidInput(f"{flag} {raw}: {path!r} is not UTF-8 text") from None
 
     def no_constant(name: str) -> Any:
         raise ValueError(f"{name} is not a JSON number")
 
     try:
-        value = json.loads(raw, parse_constant=no_constant)
+        return json.loads(text, parse_constant=no_constant)
     except json.JSONDecodeError as exc:
         raise InvalidInput(
             f"{flag} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
         ) from None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise InvalidInput(f"{flag} is not valid JSON ({exc})") from None
+
+
+def json_object(raw: str | None, flag: str) -> dict[str, Any] | None:
+    """Parse a flag's JSON object (None stays None; ``@FILE`` as in json_value);
+    InvalidInput in one line otherwise."""
+    if raw is None:
+        return None
+    value = json_value(raw, flag)
     if not isinstance(value, dict):
         raise InvalidInput(f'{flag} must be a JSON object, e.g. \'{{"checked": "..."}}\'')
     return value
@@ -169,6 +196,35 @@ def default_actor() -> str:
         except Exception:
             name = "unknown"
     return f"cli:{name}"
+
+
+def import_flag(sp: argparse.ArgumentParser) -> None:
+    """--import MODULE (repeatable), defaulting to ORCH8_HANDLER_MODULES."""
+    modules = [m for m in os.environ.get("ORCH8_HANDLER_MODULES", "").split(",") if m.strip()]
+    sp.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=modules,
+        metavar="MODULE",
+        help="import a module that registers handlers (repeatable; ORCH8_HANDLER_MODULES)",
+    )
+
+
+def import_handler_modules(modules: list[str]) -> None:
+    """Import the modules that register custom handlers (--import, ORCH8_HANDLER_MODULES)."""
+    import importlib
+
+    if os.getcwd() not in sys.path:  # as `python -m` would: modules beside you import
+        sys.path.insert(0, os.getcwd())
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            raise ConfigError(
+                f"cannot import handler module {name!r} ({type(exc).__name__}: {exc}); "
+                "check the name and that it is on PYTHONPATH"
+            ) from None
 
 
 def actor_of(args: argparse.Namespace) -> str:

@@ -18,6 +18,7 @@ from ..errors import ConfigError
 from ..runner import Runner
 from ..runner import Settings as RunnerSettings
 from ..startup import check_schema, database, run_migrations, say
+from .common import import_flag, import_handler_modules
 
 if TYPE_CHECKING:
     from waitress.server import BaseWSGIServer, MultiSocketServer
@@ -41,23 +42,6 @@ def make_server(
                 "or pick another port with --port (or ORCH8_PORT)"
             ) from None
         raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror})") from None
-
-
-def import_handler_modules(modules: list[str]) -> None:
-    """Import the modules that register custom handlers (--import, ORCH8_HANDLER_MODULES)."""
-    import importlib
-    import sys
-
-    if os.getcwd() not in sys.path:  # as `python -m` would: modules beside you import
-        sys.path.insert(0, os.getcwd())
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:
-            raise ConfigError(
-                f"cannot import handler module {name!r} ({type(exc).__name__}: {exc}); "
-                "check the name and that it is on PYTHONPATH"
-            ) from None
 
 
 def make_runner(url: str, settings: config.Settings) -> Runner:
@@ -217,18 +201,6 @@ def add_parsers(
     def web_flags(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--host", default=host, help=f"listen address (default {host})")
         sp.add_argument("--port", type=int, default=port, help=f"listen port (default {port})")
-
-    modules = [m for m in os.environ.get("ORCH8_HANDLER_MODULES", "").split(",") if m.strip()]
-
-    def import_flag(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument(
-            "--import",
-            dest="imports",
-            action="append",
-            default=list(modules),
-            metavar="MODULE",
-            help="import a module that registers handlers (repeatable; ORCH8_HANDLER_MODULES)",
-        )
 
     up = sub.add_parser("up", help="run the engine and the operator service together")
     web_flags(up)

@@ -9,11 +9,12 @@ import uuid
 from collections.abc import Callable
 
 from .. import db, rules, sqlapi
-from ..errors import EffectBlocked, NotFound
-from ..sqlapi.base import Conn
+from ..errors import EffectBlocked, InvalidInput, NotFound
+from ..sqlapi.base import NO_OUTPUT, Conn
 from .common import (
     EXIT_BLOCKED,
     EXIT_OK,
+    EXIT_USAGE,
     Subparsers,
     actor_flag,
     actor_of,
@@ -24,10 +25,12 @@ from .common import (
     emit,
     fail,
     json_object,
+    json_value,
     parse_uuid,
     table,
     tenant_flag,
 )
+from .effects import resolve_hint
 
 
 @command
@@ -178,22 +181,29 @@ def _blocked_message(args: argparse.Namespace, exc: EffectBlocked) -> str:
         )
     return (
         f"{exc}; look at it with `orch8 effects show {effect}{t}`, ask the provider what "
-        f"happened, record it with `orch8 effects resolve {effect}{t} "
-        f"--state {'|'.join(rules.RESOLUTIONS['unknown'])} --evidence JSON --note TEXT`, "
-        "then retry"
+        f"happened, record it with `{resolve_hint(effect, t)}`, then retry"
     )
 
 
 @command
 def instances_retry(args: argparse.Namespace, url: str) -> int:
     instance_id = parse_uuid(args.id, "an instance id")
+    output = NO_OUTPUT if args.output is None else json_value(args.output, "--output")
     with db.connect(url, autocommit=True) as conn:
         try:
             done = sqlapi.instances.retry_instance(
-                conn, tenant_id=args.tenant, instance_id=instance_id, actor=actor_of(args)
+                conn,
+                tenant_id=args.tenant,
+                instance_id=instance_id,
+                actor=actor_of(args),
+                output=output,
             )
         except EffectBlocked as exc:
             return fail(_blocked_message(args, exc), EXIT_BLOCKED)
+        except InvalidInput as exc:
+            if exc.facts.get("read_by"):
+                return fail(_needs_output_message(args, exc), EXIT_USAGE)
+            raise
         state = sqlapi.instances.instance_state(
             conn, tenant_id=args.tenant, instance_id=instance_id
         )
@@ -209,6 +219,15 @@ def instances_retry(args: argparse.Namespace, url: str) -> int:
     text = f"{done.outcome}{block}: {done.detail}\ninstance {instance_id} is now {state}"
     emit(result, args.json, text)
     return EXIT_OK
+
+
+def _needs_output_message(args: argparse.Namespace, exc: InvalidInput) -> str:
+    """The step settled without an output that later blocks read: name them and the flag."""
+    readers = ", ".join(str(b) for b in exc.facts["read_by"])
+    return (
+        f"{exc} (read by: {readers}); retry with "
+        f"`orch8 instances retry {args.id}{tenant_flag(args)} --output JSON` (or @FILE)"
+    )
 
 
 _STATE_CHANGE_TEXT = {
@@ -328,6 +347,13 @@ def add_parsers(sub: Subparsers) -> None:
         help="retry a failed instance (exit 3 while an effect receipt is still unknown)",
     )
     retry.add_argument("id", help="instance id")
+    retry.add_argument(
+        "--output",
+        default=None,
+        metavar="JSON",
+        help="what the settled step returns (its receipt committed or verified), any JSON "
+        "or @FILE; default: the output its resolution carries",
+    )
     actor_flag(retry)
     common_flags(retry)
     retry.set_defaults(db_func=instances_retry)

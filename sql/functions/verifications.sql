@@ -117,9 +117,13 @@ BEGIN
         RAISE EXCEPTION 'name the receipts to verify, or ask for every superseded one'
             USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'effect_ids')::text;
     END IF;
-    IF cardinality(p_effect_ids) > 1000 THEN
-        RAISE EXCEPTION 'at most 1000 receipts per request, got %', cardinality(p_effect_ids)
-            USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'effect_ids')::text;
+    IF cardinality(p_effect_ids) > orch8.limit_of('verify_request_receipts') THEN
+        RAISE EXCEPTION 'at most % receipts per request, got %',
+            orch8.limit_of('verify_request_receipts'), cardinality(p_effect_ids)
+            USING ERRCODE = 'O8008',
+                  DETAIL = json_build_object(
+                      'field', 'effect_ids',
+                      'limit', orch8.limit_of('verify_request_receipts'))::text;
     END IF;
     RETURN QUERY
     SELECT i.id, orch8.schedule_verification(p_tenant_id, i.id, p_actor)
@@ -135,7 +139,8 @@ END
 $$;
 
 COMMENT ON FUNCTION orch8.request_verifications(text, uuid[], boolean, text) IS
-'Schedule verifiers in bulk: the receipts named (at most 1000), or with p_superseded every '
+'Schedule verifiers in bulk: the receipts named (at most verify_request_receipts), or with '
+'p_superseded every '
 'unknown receipt of the tenant that blocks nothing (unresolved_effects.blocking false). '
 'One row per receipt with schedule_verification''s outcome. Neither or both: O8008.';
 

@@ -129,6 +129,8 @@ AS $$
     ('retry_max_attempts', 100, 'attempts', 'a step''s retry.max_attempts'),
     ('verify_tries', 50, 'tries', 'the entries of a step''s verify.schedule'),
     ('verify_delay_ms', 86400000, 'milliseconds', 'one delay of a step''s verify.schedule'),
+    ('verify_request_receipts', 1000, 'receipts',
+     'the receipts one request_verifications call names'),
     ('resolution_output_bytes', 262144, 'bytes',
      'the output a resolution carries for the step (JSON text)')
 $$;

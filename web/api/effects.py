@@ -1,6 +1,7 @@
 """Effect receipts: an instance's or a continuity's receipts, the operator queue
-(orch8.unresolved_effects), one receipt with its history, and resolving one
-(orch8.resolve_effect)."""
+(orch8.unresolved_effects), one receipt with its history, resolving one
+(orch8.resolve_effect, through orch8_py.settlement) and asking verifiers to settle
+receipts (orch8.request_verifications)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from flask import Blueprint, g
 
-from orch8_py import sqlapi
+from orch8_py import settlement, sqlapi
 
 from ..auth import OPERATOR
 from ..db import tenant_tx
@@ -23,6 +24,8 @@ from .models.effects import (
     ResolveRequest,
     UnresolvedEffectList,
     UnresolvedQuery,
+    VerificationRequestList,
+    VerifyRequest,
 )
 from .models.instances import InstancePath
 from .spec import READ, WRITE, operation
@@ -84,13 +87,17 @@ def of_continuity(path: ContinuityPath) -> EffectReceiptList:
     operation_id="listUnresolvedEffects",
 )
 def unresolved(query: UnresolvedQuery) -> UnresolvedEffectList:
-    """The operator queue, oldest first: unknown receipts and long-dispatched ones"""
+    """The operator queue, oldest first: unknown receipts and long-dispatched ones
+
+    Each says whether an instance waits on it (`blocking`; false: superseded) and how far
+    its verifier got (`verification`, tries, the next try)."""
     with tenant_tx() as conn:
         rows = sqlapi.effects.unresolved_effects(
             conn,
             tenant_id=g.tenant,
             kind=query.kind,
             older_than=query.older_than,
+            blocking=query.blocking,
             limit=query.limit,
         )
     items = [_aged(row) for row in rows]
@@ -125,19 +132,48 @@ def show(path: EffectPath) -> EffectDetail:
 def resolve(path: EffectPath, json: ResolveRequest) -> EffectReceipt:
     """Resolve a receipt with evidence (orch8.resolve_effect); the actor is the API key
 
-    An illegal move is 409 `conflict` with `current_state` and `allowed_states`; a
-    receipt that changed meanwhile, or is not `expected_state`, is 409 `reload before
-    resolving` with `current_state`."""
+    `expected_state` is required: a receipt no longer in it, or that changed meanwhile,
+    is 409 `reload before resolving` with `current_state` (two resolutions cannot both
+    win). An illegal move is 409 `conflict` with `current_state` and `allowed_states`.
+    `output` (committed or verified only) is what the step would have returned; left out,
+    it is derived from the evidence when the step's handler can (http_request: a
+    recorded `response`)."""
     with tenant_tx() as conn:
-        row = sqlapi.effects.resolve_effect(
+        row = settlement.resolve(
             conn,
             tenant_id=g.tenant,
             effect_id=path.effect_id,
+            expected_state=json.expected_state,
             state=json.state,
             actor=g.actor,
             evidence=json.evidence,
             provider_receipt_id=json.provider_receipt_id,
             note=json.note,
-            expected_state=json.expected_state,
+            output=json.given_output(),
         )
     return EffectReceipt.model_validate(row)
+
+
+@bp.post("/continuity/effects/verify")
+@operation(
+    roles=OPERATOR,
+    ok={200: VerificationRequestList},
+    errors=WRITE,
+    tag=TAG,
+    operation_id="verifyEffects",
+)
+def verify(json: VerifyRequest) -> VerificationRequestList:
+    """Ask the steps' verifiers to settle receipts (orch8.request_verifications)
+
+    The receipts named (`effect_ids`), or every unknown receipt of the tenant that no
+    instance waits on (`superseded: true`); exactly one of the two. One item per receipt
+    with its outcome; an escalated verification starts over (`rescheduled`)."""
+    with tenant_tx() as conn:
+        rows = sqlapi.effects.request_verifications(
+            conn,
+            tenant_id=g.tenant,
+            actor=g.actor,
+            effect_ids=json.effect_ids,
+            superseded=bool(json.superseded),
+        )
+    return VerificationRequestList.model_validate({"items": rows})

@@ -213,6 +213,7 @@ EffectState = Annotated[str, OneOf(rules.EFFECT_STATES)]
 EffectKind = Annotated[str, OneOf(rules.EFFECT_KINDS)]
 WebhookEvent = Annotated[str, OneOf(rules.WEBHOOK_EVENTS)]
 OutboxState = Annotated[str, OneOf(rules.OUTBOX_STATES)]
+VerificationState = Annotated[str, OneOf(rules.VERIFICATION_STATES)]
 # the states some receipt can be resolved to, and from
 RESOLVED_TO = tuple(sorted({s for moves in rules.RESOLUTIONS.values() for s in moves}))
 ResolvedState = Annotated[str, OneOf(RESOLVED_TO)]
@@ -246,6 +247,24 @@ JsonObject = Annotated[
         }
     ),
 ]
+
+JsonValue = Annotated[
+    Any,
+    Storable(),
+    Schema(
+        {
+            "description": "any JSON value (null included); no string or key in it may "
+            f"contain NUL (\\u0000), nesting at most {MAX_JSON_DEPTH} deep",
+        }
+    ),
+]
+
+
+def present_means_given(schema: dict[str, Any]) -> None:
+    """json_schema_extra of an optional field whose ``null`` is a value, not "not given":
+    its schema names no default (leaving the field out is what "not given" means)."""
+    schema.pop("default", None)
+
 
 # --- times ----------------------------------------------------------------------------------
 
@@ -343,6 +362,7 @@ __all__ = [
     "Int32",
     "Int64",
     "JsonObject",
+    "JsonValue",
     "Limit",
     "NonEmptyText",
     "Note",
@@ -351,6 +371,7 @@ __all__ = [
     "ResolvedState",
     "SequenceName",
     "SignalType",
+    "VerificationState",
     "Version",
     "WebhookEvent",
     "WebhookUrl",

@@ -26,6 +26,7 @@ from .models.instances import (
     InstancePath,
     OutputList,
     Reason,
+    RetryRequest,
     RetryResult,
     SignalList,
     SignalSend,
@@ -265,15 +266,22 @@ def resume(path: InstancePath, json: NoBody) -> InstanceMove:
 @operation(
     roles=OPERATOR, ok={200: RetryResult}, errors=WRITE, tag=TAG, operation_id="retryInstance"
 )
-def retry(path: InstancePath, json: NoBody) -> RetryResult:
+def retry(path: InstancePath, json: RetryRequest) -> RetryResult:
     """Retry a failed instance after resolution (orch8.retry_instance)
 
-    The receipt that stopped it decides: committed or verified completes the step from
-    the evidence (not sent again); abandoned, compensated or none reruns it; still
-    unknown is 409 naming the receipt (`effect_id`)."""
+    The receipt that stopped it decides: committed or verified completes the step (not
+    sent again) with `output` when sent, else the output its resolution carries; abandoned,
+    compensated or none reruns it; still unknown is 409 naming the receipt (`effect_id`).
+    No output while later blocks read the step's is 422 with `field` output and `read_by`
+    (the blocks). An instance waiting on a verifier whose receipt was settled by hand can
+    be retried too."""
     with tenant_tx() as conn:
         out = sqlapi.instances.retry_instance(
-            conn, tenant_id=g.tenant, instance_id=path.instance_id, actor=g.actor
+            conn,
+            tenant_id=g.tenant,
+            instance_id=path.instance_id,
+            actor=g.actor,
+            output=json.given_output(),
         )
         moved = _moved(conn, path.instance_id, out.outcome)
     return RetryResult.model_validate(

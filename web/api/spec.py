@@ -62,7 +62,8 @@ ERRORS: dict[int, str] = {
     "allowed_states), a receipt to resolve first (effect_id), or reload before resolving.",
     413: "The body is over 1 MiB.",
     415: "The body is not sent as application/json.",
-    422: "Invalid input: every problem with its field path in `problems`.",
+    422: "Invalid input: every problem with its field path in `problems`, or the engine's "
+    "refusal of one value (`field`).",
     503: "The database is unavailable; try again shortly.",
 }
 READ = (401, 403, 404, 422, 503)
@@ -201,8 +202,10 @@ def operation(
         path_model: type[Path] | None = hints.get("path")
         query_model: type[BaseModel] = hints.get("query", NoQuery)
         json_model: type[BaseModel] | None = hints.get("json")
-        body_required = json_model is not None and any(
-            f.is_required() for f in json_model.model_fields.values()
+        # a body is required when a field is, or when the model says so (one of several)
+        body_required = json_model is not None and (
+            getattr(json_model, "body_required", False)
+            or any(f.is_required() for f in json_model.model_fields.values())
         )
         answers: dict[str, Any] = {f"HTTP_{code}": model for code, model in ok.items()}
         answers |= {f"HTTP_{code}": (ProblemDocument, ERRORS[code]) for code in errors}

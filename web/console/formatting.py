@@ -64,4 +64,10 @@ def engine_message(exc: errors.Orch8Error) -> str:
     if facts.get("allowed_states") is not None:
         allowed = ", ".join(facts["allowed_states"]) or "none"
         message = f"{message} (it can be resolved to: {allowed})"
+    if facts.get("read_by"):
+        readers = ", ".join(str(b) for b in facts["read_by"])
+        message = (
+            f"{message} (read by: {readers}): write the output the step would have returned"
+            " in the retry form's output field"
+        )
     return message

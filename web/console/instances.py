@@ -14,6 +14,7 @@ from orch8_py.sqlapi import Row
 from ..api.cursors import cursor, cursor_time, cursor_uuid, encode_cursor
 from ..db import tenant_tx
 from .blueprint import bp, log
+from .effects import parse_output
 from .formatting import engine_message
 from .pages import page
 from .receipts import receipt_events
@@ -112,7 +113,8 @@ def instance(instance_id: uuid.UUID) -> ResponseReturnValue:
             events=events,
             transitions=transitions,
             blocking=blocking,
-            can_retry=inst["state"] == "failed",
+            # failed, or waiting on a verifier for a receipt settled by hand meanwhile
+            can_retry=inst["state"] == "failed" or (inst["state"] == "waiting" and not blocking),
             can_cancel=inst["state"] in CANCELLABLE and inst["requested_state"] != "cancelled",
         )
 
@@ -122,9 +124,10 @@ def instance(instance_id: uuid.UUID) -> ResponseReturnValue:
 @write_required
 def retry(instance_id: uuid.UUID) -> ResponseReturnValue:
     try:
+        output = parse_output(request.form.get("output", ""))
         with tenant_tx(g.tenant) as conn:
             done = sqlapi.instances.retry_instance(
-                conn, tenant_id=g.tenant, instance_id=instance_id, actor=g.actor
+                conn, tenant_id=g.tenant, instance_id=instance_id, actor=g.actor, output=output
             )
     except errors.NotFound:
         abort(404)

@@ -9,6 +9,8 @@ from typing import Any
 
 from pydantic import Field
 
+from orch8_py.sqlapi.base import NO_OUTPUT
+
 from ..cursors import InstanceCursor
 from ..fields import (
     DateTime,
@@ -18,12 +20,14 @@ from ..fields import (
     Int32,
     Int64,
     JsonObject,
+    JsonValue,
     Limit,
     Note,
     SequenceName,
     SignalType,
     Version,
     optional,
+    present_means_given,
 )
 from .base import Answer, Body, Path, Query
 
@@ -123,6 +127,20 @@ class SignalSend(Body):
 
 class Reason(Body):
     reason: Note | None = Field(default=None, description="kept in the audit trail")
+
+
+class RetryRequest(Body):
+    output: JsonValue = Field(
+        default=None,
+        description="what the settled step returns (null is an output too), when its "
+        "receipt is committed or verified; else the output its resolution carries. Refused "
+        "(422) for a step that runs again",
+        json_schema_extra=present_means_given,
+    )
+
+    def given_output(self) -> Any:
+        """The output sent (null included), or NO_OUTPUT when the field was left out."""
+        return self.output if "output" in self.model_fields_set else NO_OUTPUT
 
 
 class InstanceMove(Answer):
