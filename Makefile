@@ -53,6 +53,8 @@ clean:
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_bench $(BENCH_ARGS)
 
-## chaos: the process-level fault tests at scale (make test runs their short variant)
+## chaos: the process-level fault tests at scale, and a run with verifiers on that prints how
+## many unknown receipts they settled and escalated (make test runs the short variants)
 chaos: $(STAMP)
 	ORCH8_CHAOS_INSTANCES=3000 ORCH8_CHAOS_RESTARTS=5 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_runner_processes.py
+	ORCH8_CHAOS_INSTANCES=600 $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/test_verifiers.py -k chaos

@@ -10,33 +10,54 @@ console and the verifiers all resolve through ``resolve``.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any
 
 from . import handlers, sqlapi
 from .errors import InvalidInput, NotFound
 from .sqlapi.base import NO_OUTPUT, Conn, Row
+from .sqlapi.effects import ReceiptInContext
 from .steps import EffectReceipt
+from .templates import TemplateError, params_scope, render
 
 OUTPUT_STATES = ("committed", "verified")  # the resolutions after which the step completes
 
 
-def derive_output(evidence: dict[str, Any], receipt: EffectReceipt, step: dict[str, Any]) -> Any:
+def derive_output(evidence: dict[str, Any], receipt: EffectReceipt, params: dict[str, Any]) -> Any:
     """The output the step would have returned, derived from ``evidence`` by its handler's
-    ``output_from_evidence``; NO_OUTPUT when the handler defines none or the evidence says
-    nothing it can use. A malformed piece of evidence raises InvalidInput."""
+    ``output_from_evidence`` (given the params as sent); NO_OUTPUT when the handler
+    defines none or the evidence says nothing it can use. Evidence the handler finds
+    malformed raises InvalidInput."""
     deriver = handlers.deriver_of(receipt.handler)
     if deriver is None:
         return NO_OUTPUT
-    params = step.get("params") if isinstance(step.get("params"), dict) else {}
     try:
-        output = deriver(evidence, receipt, params or {})
+        output = deriver(evidence, receipt, params)
     except ValueError as exc:
         raise InvalidInput(
             f"cannot derive the {receipt.handler} output from the evidence: {exc}",
             facts={"field": "evidence"},
         ) from None
     return NO_OUTPUT if output is None else output
+
+
+def params_as_sent(found: ReceiptInContext) -> dict[str, Any]:
+    """The step's params rendered as the runner rendered them for the receipt's attempt
+    (templates are deterministic: the verifier checks the request hash before relying on
+    it)."""
+    outputs = {k: v.get("output") for k, v in found.progress.items()}
+    scope = params_scope(
+        found.context, found.receipt["instance_id"], found.receipt["attempt"], outputs
+    )
+    try:
+        rendered = render(found.step.get("params") or {}, scope)
+    except TemplateError as exc:
+        raise InvalidInput(
+            f"the step's params no longer render ({exc}): give the output explicitly",
+            facts={"field": "output"},
+        ) from None
+    return rendered if isinstance(rendered, dict) else {}
 
 
 def resolve(
@@ -56,12 +77,15 @@ def resolve(
     ``output``, the output is derived from the evidence when the handler can; the step
     then completes with it on retry. Raises what resolve_effect raises, and InvalidInput
     for evidence the handler cannot read."""
-    if output is NO_OUTPUT and state in OUTPUT_STATES and evidence:
-        found = sqlapi.effects.receipt_with_step(conn, tenant_id=tenant_id, effect_id=effect_id)
+    if output is NO_OUTPUT and state in OUTPUT_STATES:
+        found = sqlapi.effects.receipt_in_context(conn, tenant_id=tenant_id, effect_id=effect_id)
         if found is None:
             raise NotFound(f"effect receipt {effect_id} not found", facts={"effect_id": effect_id})
-        receipt, step = found
-        output = derive_output(evidence, EffectReceipt.from_row(receipt), step)
+        receipt = EffectReceipt.from_row(found.receipt)
+        if provider_receipt_id is not None:  # what the receipt will hold once resolved
+            receipt = dataclasses.replace(receipt, provider_receipt_id=provider_receipt_id)
+        if handlers.deriver_of(receipt.handler) is not None:
+            output = derive_output(evidence or {}, receipt, params_as_sent(found))
     return sqlapi.effects.resolve_effect(
         conn,
         tenant_id=tenant_id,

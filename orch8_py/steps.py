@@ -113,12 +113,12 @@ class EffectReceipt:
 @dataclass(frozen=True)
 class Applied:
     """A verifier's verdict: the effect happened. ``output`` is what the step would have
-    returned (the workflow continues with it); ``provider_receipt_id`` the provider's id."""
+    returned (the workflow continues with it; None: derived from the evidence by the
+    handler's output_from_evidence); ``provider_receipt_id`` the provider's id."""
 
     evidence: dict[str, Any]
     provider_receipt_id: str | None = None
     output: Any = None
-    has_output: bool = True  # False: derive it from the evidence as the handler defines
 
 
 @dataclass(frozen=True)
@@ -132,5 +132,5 @@ class Inconclusive:
 Verdict = Applied | NotApplied | Inconclusive
 # verifier(params as sent, the receipt, the step's context) -> Applied | NotApplied | Inconclusive
 Verifier = Callable[[dict[str, Any], EffectReceipt, StepContext], Verdict]
-# output_from_evidence(evidence, the receipt, the step's params as written) -> output or None
+# output_from_evidence(evidence, the receipt, the step's params as sent) -> output or None
 OutputDeriver = Callable[[dict[str, Any], EffectReceipt, dict[str, Any]], Any]

@@ -38,7 +38,7 @@ import psycopg
 from . import expression, handlers, rules, sqlapi
 from .handlers import http as _http
 from .settlement import derive_output
-from .sqlapi.base import NO_OUTPUT, Conn
+from .sqlapi.base import Conn
 from .sqlapi.effects import VerificationClaim
 from .steps import (
     Applied,
@@ -125,9 +125,9 @@ class Verifier:
             f"tenant={claim.tenant_id} effect={claim.effect_id} method={claim.method}"
             f" try={claim.try_}/{claim.tries}"
         )
-        verdict = self._verdict(claim, receipt, step)
+        params, verdict = self._verdict(claim, receipt, step)
         self.fault("before_verdict")
-        row: dict[str, Any] = self.call(lambda c: self._record(c, claim, receipt, step, verdict))
+        row: dict[str, Any] = self.call(lambda c: self._record(c, claim, receipt, params, verdict))
         with self.lock:
             self.settled += 1
         log.info(
@@ -142,7 +142,8 @@ class Verifier:
 
     def _verdict(
         self, claim: VerificationClaim, receipt: EffectReceipt, step: dict[str, Any]
-    ) -> Verdict:
+    ) -> tuple[dict[str, Any], Verdict]:
+        """The step's params as sent, and what the verifier says."""
         outputs = {k: v.get("output") for k, v in (claim.progress or {}).items()}
         try:
             params = render(
@@ -150,14 +151,14 @@ class Verifier:
                 params_scope(claim.context, receipt.instance_id, receipt.attempt, outputs),
             )
         except TemplateError as exc:
-            return Inconclusive(f"the step's params no longer render: {exc}")
+            return {}, Inconclusive(f"the step's params no longer render: {exc}")
         same = self.call(
             lambda c: sqlapi.effects.verification_request_matches(
                 c, tenant_id=claim.tenant_id, effect_id=claim.effect_id, params=params
             )
         )
         if not same:
-            return Inconclusive(
+            return params, Inconclusive(
                 "the step's params re-render differently from what was sent (a template over "
                 "a changing value?): nothing to verify against"
             )
@@ -178,30 +179,30 @@ class Verifier:
             claim.method
         )
         if method is None:
-            return Inconclusive(f"unknown verification method {claim.method!r}")
+            return params, Inconclusive(f"unknown verification method {claim.method!r}")
         future = self.pool.submit(method, params, receipt, step, ctx)
         try:
-            return future.result(timeout=timeout + 1)
+            return params, future.result(timeout=timeout + 1)
         except cf.TimeoutError:
-            return Inconclusive(f"the verifier did not answer within {timeout:g}s")
+            return params, Inconclusive(f"the verifier did not answer within {timeout:g}s")
         except NotApplied as exc:
-            return exc if claim.method == "handler" else _as_inconclusive(exc)
+            return params, exc if claim.method == "handler" else _as_inconclusive(exc)
         except Exception as exc:
-            return _as_inconclusive(exc)
+            return params, _as_inconclusive(exc)
 
     def _record(
         self,
         conn: Conn,
         claim: VerificationClaim,
         receipt: EffectReceipt,
-        step: dict[str, Any],
+        params: dict[str, Any],
         verdict: Verdict,
     ) -> dict[str, Any]:
         kwargs: dict[str, Any] = {}
         if isinstance(verdict, Applied):
-            output = verdict.output if verdict.has_output else NO_OUTPUT
-            if output is NO_OUTPUT:
-                output = derive_output(verdict.evidence, receipt, step)
+            output = verdict.output
+            if output is None:
+                output = derive_output(verdict.evidence, receipt, params)
             kwargs = {
                 "verdict": "applied",
                 "evidence": verdict.evidence,
@@ -266,7 +267,6 @@ class Verifier:
             return Applied(
                 {**evidence, "matched": {"applied_if": verify.get("applied_if")}},
                 provider_receipt_id=_receipt_id(out),
-                has_output=False,
             )
         if _holds(verify.get("not_applied_if"), scope):
             return NotApplied(

@@ -1,19 +1,27 @@
 """`orch8 demo`: the engine's promise, shown on a few orders.
 
-It starts a fake payment provider on loopback (``orch8_py.demo.provider``), stores a
-``checkout`` sequence (validate, charge over ``http_request``, summary) in namespace
-``demo`` of tenant ``default``, and runs a few orders with real ``orch8 run`` processes:
+It starts a fake payment provider on loopback (``orch8_py.demo.provider``, which keeps one
+charge per idempotency key and can be asked for the charge of a key), stores a
+``checkout`` sequence (validate, charge over ``http_request`` with a verifier, summary)
+in namespace ``demo`` of tenant ``default``, and runs a few orders with real ``orch8
+run`` processes:
 
-1. the last order runs first, alone, under a runner started with
+1. the first order's charge is answered late: the provider charges it and answers after
+   the step's timeout. The receipt is ``unknown``; the engine does not charge again, and
+   the step's verifier asks the provider for the charge of the receipt's key, finds it,
+   records the receipt ``verified`` and the order continues with the provider's answer;
+   the other orders (but the last) are charged and complete;
+2. the last order runs alone under a runner started with
    ``ORCH8_FAULT_POINT=before_finish``: the provider charges it and the runner is killed
    (SIGKILL) before it records the answer;
-2. the other orders start and a normal runner runs them; once the crashed runner's
-   (short) lease expires it takes the crashed order over, finds its receipt still
-   ``dispatched``, marks it ``unknown`` and fails the order instead of charging again.
+3. the provider's lookup API goes down (simulated) and a normal runner takes the crashed
+   order over once its lease expires: the receipt is ``unknown``, the verifier cannot
+   tell, escalates it after its last try, and the order fails instead of charging again.
 
 It then prints where to look (CLI, psql, console), how to ask the provider about the
-charge, how to resolve the receipt and how to retry the order, and keeps the provider
-up until Enter (``--no-wait`` skips that; ``--json`` prints a summary for scripts).
+charge, how to record it (the step's output derived from the provider's answer) and how
+to retry the order, and keeps the provider up until Enter (``--no-wait`` skips that;
+``--json`` prints a summary for scripts).
 
 Wiring into the CLI::
 
@@ -47,6 +55,7 @@ from typing import Any, TextIO
 from .. import config, db, sqlapi
 from ..embedded import EmbeddedPostgres
 from ..errors import ConfigError, Orch8Error
+from ..handlers.http import output_from_response
 from ..sqlapi.base import Conn, Row
 from ..startup import database, run_migrations
 from .provider import FakeProvider
@@ -60,9 +69,13 @@ AMOUNTS = (1250, 4200, 990, 3100, 575, 1999, 250, 8800)
 MAX_ORDERS = 50
 LEASE_SECONDS = 2  # short, so the normal runner takes the crashed order over quickly
 HEARTBEAT_SECONDS = 0.5
+CHARGE_TIMEOUT_MS = 1000  # the charge step waits this long for the provider's answer
+SLOW_ANSWER = 3.0  # seconds the provider takes to answer the late order (past the timeout)
+VERIFY_SCHEDULE = [500, 1000, 1500]  # ms before each of the verifier's tries
 CRASH_TIMEOUT = 60.0
 FINISH_TIMEOUT = 90.0
 TERMINAL = ("completed", "failed", "cancelled")
+RECEIPT_PATH = "json.id"  # where a charge answer holds the provider's receipt id
 
 CHECKOUT: dict[str, Any] = {
     "blocks": [
@@ -76,7 +89,7 @@ CHECKOUT: dict[str, Any] = {
             "type": "step",
             "id": "charge",
             "handler": "http_request",
-            # no idempotency_key: the effect id is sent as the Idempotency-Key header
+            # no idempotency_key: the receipt's id is sent as the Idempotency-Key header
             "params": {
                 "method": "POST",
                 "url": "{{ config.provider_url }}/v1/charges",
@@ -85,8 +98,21 @@ CHECKOUT: dict[str, Any] = {
                     "currency": "{{ data.currency | 'EUR' }}",
                     "order_id": "{{ data.order_id }}",
                 },
+                "timeout_ms": CHARGE_TIMEOUT_MS,
+                "receipt_path": RECEIPT_PATH,
             },
             "retry": {"max_attempts": 3, "initial_backoff": 500},
+            # an unknown outcome: ask the provider for the charge of the receipt's key
+            "verify": {
+                "http": {
+                    "url": "{{ config.provider_url }}/v1/charges"
+                    "?idempotency_key={{ effect.idempotency_key }}"
+                },
+                "applied_if": "response.status == 200",
+                "not_applied_if": "response.status == 404",
+                "receipt_path": RECEIPT_PATH,
+                "schedule": VERIFY_SCHEDULE,
+            },
         },
         {
             "type": "step",
@@ -94,7 +120,7 @@ CHECKOUT: dict[str, Any] = {
             "handler": "transform",
             "params": {
                 "expression": "{order: data.order_id, amount: data.amount,"
-                " paid: outputs.charge.receipt_id}"
+                " paid: outputs.charge.json.id}"
             },
         },
     ],
@@ -115,7 +141,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=3,
         metavar="N",
-        help="how many orders to run, one of which crashes (default 3)",
+        help="how many orders to run: the first is answered late, the last crashes (default 3)",
     )
     p.add_argument(
         "--provider-port",
@@ -137,12 +163,16 @@ class Order:
     order_id: int
     amount: int
     crash: bool = False
+    late: bool = False  # the provider answers its charge after the step's timeout
     instance_id: uuid.UUID | None = None
     state: str | None = None
     error: str | None = None
     effect_id: uuid.UUID | None = None
     receipt_state: str | None = None
     provider_receipt_id: str | None = None
+    settled_by: str | None = None  # who settled an unknown receipt (verifier:http)
+    verification: str | None = None  # the verifier's state (settled, escalated)
+    announced_unknown: bool = False
     charges: list[str] = field(default_factory=list)  # the provider's charge ids
 
     @property
@@ -155,12 +185,15 @@ class Order:
             "amount": self.amount,
             "currency": CURRENCY,
             "crashed": self.crash,
+            "answered_late": self.late,
             "instance_id": str(self.instance_id) if self.instance_id else None,
             "state": self.state,
             "error": self.error,
             "effect_id": str(self.effect_id) if self.effect_id else None,
             "receipt_state": self.receipt_state,
             "provider_receipt_id": self.provider_receipt_id,
+            "settled_by": self.settled_by,
+            "verification": self.verification,
             "provider_charges": list(self.charges),
         }
 
@@ -183,6 +216,8 @@ class Demo:
             Order(FIRST_ORDER + i, AMOUNTS[i % len(AMOUNTS)]) for i in range(args.orders)
         ]
         self.orders[-1].crash = True
+        if len(self.orders) > 1:
+            self.orders[0].late = True
         self.logs = Path(tempfile.mkdtemp(prefix="orch8-demo-"))
         self.procs: list[subprocess.Popen[bytes]] = []
         self.sequence: dict[str, Any] = {}
@@ -208,9 +243,13 @@ class Demo:
                     with FakeProvider(port, flag="--provider-port") as self.provider:
                         self.say(f"starting fake payment provider on {self.provider.url}")
                         self._store_sequence(conn)
+                        self._verify_phase(conn)
                         self._crash_phase(conn)
-                        self._normal_phase(conn)
+                        self._escalation_phase(conn)
                         self._check_outcome()
+                        self.unresolved_total = sqlapi.effects.unresolved_summary(
+                            conn, tenant_id=TENANT
+                        )["depth"]
                         self._report()
                         ok = True
                         if not self.args.no_wait:
@@ -241,7 +280,8 @@ class Demo:
         }
         self.say(
             f"{verb} sequence {NAMESPACE}/{SEQUENCE} version {version}: validate -> charge "
-            "(http_request, at most once) -> summary"
+            f"(http_request, at most once, {CHARGE_TIMEOUT_MS / 1000:g}s timeout, a verifier "
+            "that asks the provider) -> summary"
         )
 
     def _start(self, conn: Conn, order: Order) -> None:
@@ -253,6 +293,24 @@ class Demo:
             data={"order_id": order.order_id, "amount": order.amount, "currency": CURRENCY},
             config={"provider_url": self.provider.url},
         ).id
+
+    def _verify_phase(self, conn: Conn) -> None:
+        """Every order but the last, under a normal runner; the first is answered late."""
+        assert self.provider is not None
+        orders = self.orders[:-1]
+        if not orders:
+            return
+        late = orders[0]
+        self.provider.fail_next("slow", delay=SLOW_ANSWER, order_id=late.order_id)
+        for order in orders:
+            self._start(conn, order)
+        ids = ", ".join(str(o.order_id) for o in orders)
+        self.say(
+            f"order{'s' if len(orders) > 1 else ''} {ids} started; the provider will charge "
+            f"order {late.order_id} but answer only after {SLOW_ANSWER:g}s, past the step's "
+            f"{CHARGE_TIMEOUT_MS / 1000:g}s timeout"
+        )
+        self._run_until_done(conn, orders, "runner.log")
 
     def _crash_phase(self, conn: Conn) -> None:
         """Run the crash order alone under a runner that dies after the provider answers."""
@@ -291,32 +349,42 @@ class Demo:
             f"{seen}, the engine never recorded the answer"
         )
 
-    def _normal_phase(self, conn: Conn) -> None:
-        """Start the other orders; a normal runner runs them and takes over the crashed one."""
-        for order in self.orders[:-1]:
-            self._start(conn, order)
-        if len(self.orders) > 1:
-            ids = ", ".join(str(o.order_id) for o in self.orders[:-1])
-            self.say(f"order{'s' if len(self.orders) > 2 else ''} {ids} started")
+    def _escalation_phase(self, conn: Conn) -> None:
+        """The lookup API down, a normal runner takes the crashed order over."""
+        assert self.provider is not None
+        order = self.orders[-1]
+        self.provider.lookup_down = True
+        self.say(
+            "the provider's lookup API goes down (simulated): a verifier asking about a charge "
+            "gets 503"
+        )
         self.say(
             "a normal runner starts; it takes the crashed order over once the dead runner's "
             f"{LEASE_SECONDS}s lease expires"
         )
-        log = self.logs / "runner.log"
+        self._run_until_done(conn, [order], "takeover-runner.log")
+        self.provider.lookup_down = False
+        self.say("the provider's lookup API is back")
+
+    def _run_until_done(self, conn: Conn, orders: list[Order], log_name: str) -> None:
+        """A normal runner until ``orders`` end, announcing what happens to each."""
+        log = self.logs / log_name
         proc = self._spawn(log)
-        by_id = {o.instance_id: o for o in self.orders if o.instance_id is not None}
+        by_id = {o.instance_id: o for o in orders if o.instance_id is not None}
         deadline = time.monotonic() + FINISH_TIMEOUT
         pending = set(by_id)
         while pending:
-            rows = sqlapi.instances.instance_states(
+            for found in sqlapi.instances.instance_states(
                 conn, tenant_id=TENANT, instance_ids=list(pending)
-            )
-            for found in rows:
-                instance_id, state, error = found["id"], found["state"], found["error"]
-                if state in TERMINAL:
-                    order = by_id[instance_id]
-                    order.state, order.error = state, error
-                    pending.discard(instance_id)
+            ):
+                order = by_id[found["id"]]
+                if found["state"] == "waiting" and not order.announced_unknown:
+                    order.announced_unknown = True
+                    self._load_receipt(conn, order)
+                    self._announce_unknown(order)
+                if found["state"] in TERMINAL:
+                    order.state, order.error = found["state"], found["error"]
+                    pending.discard(found["id"])
                     self._load_receipt(conn, order)
                     self._announce(order)
             if not pending:
@@ -333,7 +401,6 @@ class Demo:
                 )
             time.sleep(0.1)
         self._stop(proc)
-        self.unresolved_total = sqlapi.effects.unresolved_summary(conn, tenant_id=TENANT)["depth"]
 
     def _load_receipt(self, conn: Conn, order: Order) -> None:
         assert self.provider is not None
@@ -342,18 +409,41 @@ class Demo:
             order.effect_id = row["id"]
             order.receipt_state = row["state"]
             order.provider_receipt_id = row["provider_receipt_id"]
+            resolution = (row["evidence"] or {}).get("resolution") or {}
+            order.settled_by = resolution.get("actor")
+            verifying = sqlapi.effects.verification(conn, tenant_id=TENANT, effect_id=row["id"])
+            order.verification = verifying["state"] if verifying else None
         order.charges = [c["id"] for c in self.provider.charges_for_order(order.order_id)]
 
+    def _announce_unknown(self, order: Order) -> None:
+        why = (
+            f"the provider answered after the step's {CHARGE_TIMEOUT_MS / 1000:g}s timeout"
+            if order.late
+            else "the dead runner's lease expired with its charge in flight"
+        )
+        self.say(
+            f"order {order.order_id}: {why}: receipt {order.effect_id} is unknown; the engine "
+            "does not charge again, the step's verifier asks the provider "
+            "(GET /v1/charges?idempotency_key=<the receipt's key>)"
+        )
+
     def _announce(self, order: Order) -> None:
-        if order.state == "completed":
+        if order.state == "completed" and order.receipt_state == "verified":
+            self.say(
+                f"order {order.order_id} completed: its verifier found the charge "
+                f"({order.provider_receipt_id}), recorded the receipt verified, and the order "
+                "went on with the provider's answer"
+            )
+        elif order.state == "completed":
             self.say(
                 f"order {order.order_id} completed: charged {order.money} once "
                 f"({order.provider_receipt_id}), receipt {order.receipt_state}"
             )
         elif order.crash and order.receipt_state == "unknown":
             self.say(
-                f"order {order.order_id} failed: its charge receipt {order.effect_id} is unknown "
-                "(sent, outcome never recorded), so the engine will not charge it again"
+                f"order {order.order_id} failed: the verifier could not tell (lookups answered "
+                f"503) and after its {len(VERIFY_SCHEDULE)} tries escalated receipt "
+                f"{order.effect_id} to you; the engine will not charge it again"
             )
         else:
             self.say(f"order {order.order_id} {order.state}: {order.error}")
@@ -361,16 +451,16 @@ class Demo:
     def _check_outcome(self) -> None:
         problems = []
         for o in self.orders:
+            found: tuple[str | None, ...] = (o.state, o.receipt_state, o.verification)
+            expected: tuple[str | None, ...] = ("completed", "committed", None)
             if o.crash:
-                if o.state != "failed" or o.receipt_state != "unknown":
-                    problems.append(
-                        f"order {o.order_id} should have failed with an unknown receipt "
-                        f"but is {o.state} with receipt {o.receipt_state}"
-                    )
-            elif o.state != "completed" or o.receipt_state != "committed":
+                expected = ("failed", "unknown", "escalated")
+            elif o.late:
+                expected = ("completed", "verified", "settled")
+            if found != expected:
                 problems.append(
-                    f"order {o.order_id} is {o.state} with receipt {o.receipt_state}"
-                    + (f" ({o.error})" if o.error else "")
+                    f"order {o.order_id} should be {'/'.join(str(x) for x in expected)} but is "
+                    f"{'/'.join(str(f) for f in found)}" + (f" ({o.error})" if o.error else "")
                 )
             if len(o.charges) != 1:
                 problems.append(f"the provider charged order {o.order_id} {len(o.charges)} times")
@@ -390,12 +480,24 @@ class Demo:
     def summary(self) -> dict[str, Any]:
         assert self.provider is not None
         crash = self.orders[-1]
-        charges = self.provider.charge_for_key(str(crash.effect_id)) if crash.effect_id else None
+        charge = self.provider.charge_for_key(str(crash.effect_id)) if crash.effect_id else None
+        late = self.orders[0] if self.orders[0].late else None
         return {
             "database": db.describe(self.url),
             "provider_url": self.provider.url,
             "sequence": self.sequence,
             "orders": [o.summary() for o in self.orders],
+            "verified_effect": (
+                {
+                    "effect_id": str(late.effect_id),
+                    "order_id": late.order_id,
+                    "state": late.receipt_state,
+                    "settled_by": late.settled_by,
+                    "provider_receipt_id": late.provider_receipt_id,
+                }
+                if late
+                else None
+            ),
             "unknown_effect": {
                 "effect_id": str(crash.effect_id),
                 "idempotency_key": str(crash.effect_id),
@@ -403,11 +505,13 @@ class Demo:
                 "order_id": crash.order_id,
                 "block_id": "charge",
                 "state": crash.receipt_state,
-                "provider_charge_id": charges["id"] if charges else None,
+                "verification": crash.verification,
+                "provider_charge_id": charge["id"] if charge else None,
             },
             "provider": {
                 "requests": self.provider.requests,
                 "charges": len(self.provider.charges()),
+                "lookups": self.provider.lookups,
             },
             "unresolved_effects_in_tenant": self.unresolved_total,
             "console_url": self._console_url(),
@@ -421,11 +525,18 @@ class Demo:
     def guide(self) -> str:
         assert self.provider is not None
         crash = self.orders[-1]
-        done = [o for o in self.orders if not o.crash]
+        late = self.orders[0] if self.orders[0].late else None
+        done = [o for o in self.orders if not o.crash and not o.late]
         effect = str(crash.effect_id)
         charge = self.provider.charge_for_key(effect)
         charge_id = charge["id"] if charge else "ch_..."
-        evidence = '{"checked": "fake provider"}'
+        lookup_url = f"{self.provider.url}/v1/charges?idempotency_key={effect}"
+        evidence = json.dumps({"checked": f"GET /v1/charges?idempotency_key={effect}"})
+        response = json.dumps({"status": 200, "json": charge}, separators=(", ", ": "))
+        output = json.dumps(
+            output_from_response({"status": 200, "json": charge}, RECEIPT_PATH),
+            separators=(",", ":"),
+        )
         psql = f"psql '{self.url}'"
         if self.settings.database_url:
             psql = 'psql "$ORCH8_DATABASE_URL"'
@@ -434,11 +545,20 @@ class Demo:
             ids = ", ".join(str(o.order_id) for o in done)
             each = "Orders {}: charged once each" if len(done) > 1 else "Order {}: charged once"
             lines.append(f"  {each.format(ids)} and completed.")
+        if late:
+            lines += [
+                f"  Order {late.order_id}: the provider charged it but answered after the step's",
+                "  timeout. The engine did not charge again: the step's verifier asked the",
+                "  provider for the charge of the receipt's key, found it",
+                f"  ({late.provider_receipt_id}), recorded the receipt as verified, and the",
+                "  order went on with that answer.",
+                f"    orch8 effects show {late.effect_id}",
+            ]
         lines += [
             f"  Order {crash.order_id}: the provider charged it, but the runner was killed",
-            "  before it wrote the answer down. The engine cannot tell whether the charge went",
-            "  through, so its receipt is `unknown` and the order stopped instead of charging",
-            "  again.",
+            "  before it wrote the answer down, and while the provider's lookup API was down",
+            "  the verifier could not tell either: after its last try it escalated the receipt",
+            "  to you. The order stopped instead of charging again; the receipt is `unknown`.",
             "",
             f"    instance         {crash.instance_id}  (failed)",
             f"    effect id        {effect}",
@@ -453,7 +573,7 @@ class Demo:
                 "",
             ]
         lines += [
-            "1. See the unknown receipt",
+            "1. See the escalated receipt",
             "     orch8 effects unresolved",
             f"     orch8 effects show {effect}",
             f"   or in psql ({psql}):",
@@ -462,21 +582,28 @@ class Demo:
             "     (in another terminal: ORCH8_ALLOW_PRIVATE_URLS=1 make run, or orch8 up;",
             "     the fake provider is on loopback, which http_request refuses by default)",
             "",
-            "2. Ask the provider whether it received the charge (works while this demo runs)",
-            f"     curl '{self.provider.url}/v1/charges?idempotency_key={effect}'",
+            "2. Ask the provider whether it received the charge (works while this demo runs;",
+            "   the lookup API is back)",
+            f"     curl '{lookup_url}'",
             "",
-            f"3. It did ({charge_id}): record the receipt as committed",
-            f"     orch8 effects resolve {effect} --state committed \\",
-            f"         --provider-receipt-id {charge_id} --evidence '{evidence}'",
-            "   or in psql:",
+            f"3. It did ({charge_id}): record the receipt as committed, with the provider's",
+            "   answer; the charge step's output is derived from it as http_request would",
+            "   have returned it, so the summary step can read the charge id",
+            f"     orch8 effects resolve {effect} --expected-state unknown --state committed \\",
+            f"         --provider-receipt-id {charge_id} \\",
+            f"         --evidence '{evidence}' \\",
+            f"         --response '{response}'",
+            "   or in psql (the output given as it would be derived):",
             *(
                 f"     {line}"
                 for line in sqlapi.psql.resolve_effect(
-                    TENANT, effect, "committed", charge_id, evidence
+                    TENANT, effect, "unknown", "committed", charge_id, evidence, output
                 )
             ),
             "",
-            "4. Retry the order (the engine started by `make run` / `orch8 up` runs it)",
+            "4. Retry the order: the charge step completes from that evidence without charging",
+            "   again, and the summary runs (the engine started by `make run` / `orch8 up`",
+            "   runs it)",
             f"     orch8 instances retry {crash.instance_id}",
             "",
         ]

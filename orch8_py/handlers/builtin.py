@@ -277,7 +277,7 @@ def http_request(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
 
 @http_request.output_from_evidence
 def http_request_output(
-    evidence: dict[str, Any], effect: EffectReceipt, step_params: dict[str, Any]
+    evidence: dict[str, Any], effect: EffectReceipt, params: dict[str, Any]
 ) -> dict[str, Any] | None:
     """The output http_request returns for the provider's answer recorded as
     ``evidence["response"]`` (by a verifier's lookup, or an operator), with the step's
@@ -285,7 +285,7 @@ def http_request_output(
     response = evidence.get("response")
     if response is None:
         return None
-    receipt_path = step_params.get("receipt_path")
+    receipt_path = params.get("receipt_path")
     return _http.output_from_response(
         response, receipt_path if isinstance(receipt_path, str) else None
     )

@@ -10,7 +10,7 @@ Beside a handler you may register how to settle its unknown outcomes::
     def charge_verifier(params, effect, ctx): ...   # -> Applied | NotApplied | Inconclusive
 
     @charge.output_from_evidence       # what the step returns when a resolution says so
-    def charge_output(evidence, effect, step_params): ...   # -> output, or None
+    def charge_output(evidence, effect, params): ...   # -> output, or None
 """
 
 from __future__ import annotations

@@ -131,21 +131,47 @@ def effect_receipt(conn: Conn, *, tenant_id: str, effect_id: uuid.UUID) -> Row |
     )
 
 
-def receipt_with_step(
+def verification(conn: Conn, *, tenant_id: str, effect_id: uuid.UUID) -> Row | None:
+    """A receipt's verification (state, method, tries, tries in all, next try, requested
+    by, last result), or None when none was scheduled."""
+    return first(
+        conn,
+        "SELECT state, method, tries, cardinality(schedule) AS max_tries,"
+        " CASE WHEN state = 'pending' THEN next_at END AS next_at, requested_by, last_result,"
+        " updated_at FROM orch8.effect_verifications"
+        " WHERE tenant_id = %(tenant)s AND effect_id = %(id)s",
+        {"tenant": tenant_id, "id": effect_id},
+    )
+
+
+@dataclass(frozen=True)
+class ReceiptInContext:
+    """A receipt with what rendering its step's params again needs."""
+
+    receipt: Row  # the receipt's columns, its tenant included
+    step: dict[str, Any]  # the step's definition ({} when the sequence lost it)
+    context: dict[str, Any]  # the instance's context {data, config, runtime}
+    progress: dict[str, Any]  # orch8.instance_progress
+
+
+def receipt_in_context(
     conn: Conn, *, tenant_id: str, effect_id: uuid.UUID
-) -> tuple[Row, dict[str, Any]] | None:
-    """A receipt (with its tenant) and the definition of its step, or None."""
+) -> ReceiptInContext | None:
+    """A receipt, its step's definition and its instance's context and progress, or None."""
     row = first(
         conn,
-        f"SELECT {RECEIPT}, tenant_id,"
-        " orch8.instance_step(tenant_id, instance_id, block_id) AS step"
-        " FROM orch8.effect_receipts WHERE tenant_id = %(tenant)s AND id = %(id)s",
+        f"SELECT {RECEIPT}, tenant_id, step, context, progress FROM ("
+        " SELECT r.*, orch8.instance_step(r.tenant_id, r.instance_id, r.block_id) AS step,"
+        " t.context, orch8.instance_progress(r.tenant_id, r.instance_id) AS progress"
+        " FROM orch8.effect_receipts AS r JOIN orch8.task_instances AS t"
+        "   ON t.tenant_id = r.tenant_id AND t.id = r.instance_id"
+        " WHERE r.tenant_id = %(tenant)s AND r.id = %(id)s) AS found",
         {"tenant": tenant_id, "id": effect_id},
     )
     if row is None:
         return None
-    step = row.pop("step")
-    return row, step if isinstance(step, dict) else {}
+    step, context, progress = row.pop("step"), row.pop("context"), row.pop("progress")
+    return ReceiptInContext(row, step or {}, context or {}, progress or {})
 
 
 def receipts_of_instance(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID) -> list[Row]:

@@ -13,13 +13,26 @@ def unresolved_queue() -> str:
 
 
 def resolve_effect(
-    tenant_id: str, effect_id: object, state: str, provider_receipt_id: str, evidence: str
+    tenant_id: str,
+    effect_id: object,
+    expected_state: str,
+    state: str,
+    provider_receipt_id: str,
+    evidence: str,
+    output: str | None = None,
 ) -> list[str]:
-    """orch8.resolve_effect as two lines of psql, the actor left for the reader to fill."""
+    """orch8.resolve_effect as psql lines, the actor left for the reader to fill; ``output``
+    (JSON text) is what the step would have returned."""
+    lines = [
+        f"SELECT state FROM orch8.resolve_effect({_literal(tenant_id)}, {_literal(effect_id)},",
+        f"    {_literal(expected_state)}, {_literal(state)}, {_literal(provider_receipt_id)},",
+    ]
+    if output is None:
+        return [*lines, f"    {_literal(evidence)}, 'you@ops');"]
     return [
-        f"SELECT state FROM orch8.resolve_effect({_literal(tenant_id)}, {_literal(effect_id)},"
-        f" {_literal(state)},",
-        f"    {_literal(provider_receipt_id)}, {_literal(evidence)}, 'you@ops');",
+        *lines,
+        f"    {_literal(evidence)}, 'you@ops', NULL,",
+        f"    {_literal(output)});",
     ]
 
 

@@ -574,9 +574,10 @@ BEGIN
                                           p_block_id, p_attempt);
     v_key := coalesce(
         orch8.step_idempotency_key_param(p_params),
-        CASE WHEN orch8.step_ambiguity_mode(
+        -- same_key: one key for every attempt, the id attempt 0 has (so attempt 0, the
+        -- common case, needs no look at the definition)
+        CASE WHEN p_attempt > 0 AND orch8.step_ambiguity_mode(
                       orch8.instance_step(p_tenant_id, p_instance_id, p_block_id)) = 'same_key'
-             -- one key for every attempt: the id attempt 0 has, so attempt 0 is unchanged
              THEN orch8.deterministic_effect_id(v_scope.continuity_id, v_scope.epoch,
                                                 p_instance_id, p_block_id, 0)::text END,
         v_id::text);
@@ -971,7 +972,7 @@ SELECT
     -- false when nothing waits on it: the instance ended, or a later attempt of the step
     -- completed (history to settle in bulk, not an order on hold)
     (
-        t.state NOT IN ('completed', 'cancelled')
+        coalesce(t.state NOT IN ('completed', 'cancelled'), false)
         AND NOT EXISTS (
             SELECT 1 FROM orch8.block_outputs AS o
             WHERE

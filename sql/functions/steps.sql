@@ -328,7 +328,7 @@ BEGIN
     IF p_result = 'ok' THEN
         PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_block_id, p_attempt,
             NULL, coalesce(p_output, 'null'), NULL, p_effect_id, p_lease_token);
-        IF p_effect_id IS NOT NULL THEN
+        IF p_effect_id IS NOT NULL AND p_attempt > 0 THEN  -- attempt 0 has no earlier one
             PERFORM orch8.settle_same_key_receipts(p_tenant_id, p_effect_id, 'engine');
         END IF;
         v_next := orch8.next_block_id(p_tenant_id, v_inst.sequence_id, p_block_id);
