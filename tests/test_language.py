@@ -428,3 +428,31 @@ def test_sequences_list_flags_definitions_with_refused_fields(db_url, conn):
     shown = run_orch8("sequences", "show", "old-flow", "--tenant", TENANT, env=env)
     assert "$.status: status is not supported yet" in shown.stdout
     assert "$.blocks[0].when: when is not supported yet" in shown.stdout
+
+
+def test_a_verifier_expression_that_does_not_parse_is_refused_before_storing(conn):
+    """applied_if is the runner's expression language: the door checks its syntax with
+    the SQL validator's problems, so nothing stored fails to parse at the first try."""
+    from orch8_py import sqlapi
+    from orch8_py.errors import InvalidSequence
+
+    definition = {
+        "blocks": [
+            step(
+                "pay",
+                "lang.unsure",
+                retry={"max_attempts": 0},
+                verify={"http": {"url": "https://x.example"}, "applied_if": "response.status =="},
+            )
+        ]
+    }
+    with pytest.raises(InvalidSequence) as refused:
+        sqlapi.sequences.create_sequence(
+            conn, tenant_id=TENANT, namespace="default", name="bad-verify", definition=definition
+        )
+    paths = [p["path"] for p in refused.value.problems]
+    assert paths == ["$.blocks[0].retry.max_attempts", "$.blocks[0].verify.applied_if"]
+    assert "response.status ==" in refused.value.problems[1]["message"]
+    assert sqlapi.sequences.validate_sequence(conn, definition=definition) == refused.value.problems
+    stored = conn.execute("SELECT count(*) FROM orch8.sequences WHERE name = 'bad-verify'")
+    assert stored.fetchone()[0] == 0
