@@ -19,7 +19,7 @@ from .errors import InvalidInput, NotFound
 from .sqlapi.base import NO_OUTPUT, Conn, Row
 from .sqlapi.effects import ReceiptInContext
 from .steps import EffectReceipt
-from .templates import TemplateError, params_scope, render
+from .templates import TemplateError, params_as_sent
 
 OUTPUT_STATES = ("committed", "verified")  # the resolutions after which the step completes
 
@@ -42,22 +42,22 @@ def derive_output(evidence: dict[str, Any], receipt: EffectReceipt, params: dict
     return NO_OUTPUT if output is None else output
 
 
-def params_as_sent(found: ReceiptInContext) -> dict[str, Any]:
-    """The step's params rendered as the runner rendered them for the receipt's attempt
-    (templates are deterministic: the verifier checks the request hash before relying on
-    it)."""
-    outputs = {k: v.get("output") for k, v in found.progress.items()}
-    scope = params_scope(
-        found.context, found.receipt["instance_id"], found.receipt["attempt"], outputs
-    )
+def params_of(found: ReceiptInContext) -> dict[str, Any]:
+    """The step's params as sent for the receipt's attempt; InvalidInput when they no
+    longer render."""
     try:
-        rendered = render(found.step.get("params") or {}, scope)
+        return params_as_sent(
+            found.step,
+            found.context,
+            found.progress,
+            found.receipt["instance_id"],
+            found.receipt["attempt"],
+        )
     except TemplateError as exc:
         raise InvalidInput(
             f"the step's params no longer render ({exc}): give the output explicitly",
             facts={"field": "output"},
         ) from None
-    return rendered if isinstance(rendered, dict) else {}
 
 
 def resolve(
@@ -85,7 +85,7 @@ def resolve(
         if provider_receipt_id is not None:  # what the receipt will hold once resolved
             receipt = dataclasses.replace(receipt, provider_receipt_id=provider_receipt_id)
         if handlers.deriver_of(receipt.handler) is not None:
-            output = derive_output(evidence or {}, receipt, params_as_sent(found))
+            output = derive_output(evidence or {}, receipt, params_of(found))
     return sqlapi.effects.resolve_effect(
         conn,
         tenant_id=tenant_id,

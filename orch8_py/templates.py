@@ -102,6 +102,24 @@ def params_scope(
     }
 
 
+def params_as_sent(
+    step: dict[str, Any],
+    context: dict[str, Any],
+    progress: dict[str, Any],
+    instance_id: Any,
+    attempt: int,
+) -> dict[str, Any]:
+    """A step's params rendered again as the runner rendered them for ``attempt``, from the
+    instance's context and progress (orch8.instance_progress). Templates are
+    deterministic; the verifier still checks the result against the receipt's request
+    hash before relying on it. Raises TemplateError."""
+    outputs = {k: v.get("output") for k, v in progress.items()}
+    rendered = render(
+        step.get("params") or {}, params_scope(context, instance_id, attempt, outputs)
+    )
+    return rendered if isinstance(rendered, dict) else {}
+
+
 def render(value: Any, scope: dict[str, Any], grammar: Grammar = PARAMS) -> Any:
     """Resolve every placeholder in a JSON value (dicts and lists walked recursively)."""
     if isinstance(value, str):

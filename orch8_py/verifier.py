@@ -49,7 +49,7 @@ from .steps import (
     StepError,
     Verdict,
 )
-from .templates import VERIFY, TemplateError, params_scope, render
+from .templates import VERIFY, TemplateError, params_as_sent, render
 
 log = logging.getLogger("orch8.verifier")
 
@@ -146,9 +146,8 @@ class Verifier:
         """The step's params as sent, and what the verifier says."""
         outputs = {k: v.get("output") for k, v in (claim.progress or {}).items()}
         try:
-            params = render(
-                step.get("params") or {},
-                params_scope(claim.context, receipt.instance_id, receipt.attempt, outputs),
+            params = params_as_sent(
+                step, claim.context, claim.progress or {}, receipt.instance_id, receipt.attempt
             )
         except TemplateError as exc:
             return {}, Inconclusive(f"the step's params no longer render: {exc}")
