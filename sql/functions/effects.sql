@@ -772,6 +772,27 @@ COMMENT ON FUNCTION orch8.settle_same_key_receipts(text, uuid, text) IS
 'idempotency key become verified with its provider receipt id: the provider keeps one '
 'object per key, so they were the same effect. Returns how many.';
 
+CREATE OR REPLACE FUNCTION orch8.require_output_size(p_output jsonb)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+AS $$
+BEGIN
+    IF octet_length(p_output::text) > orch8.limit_of('resolution_output_bytes') THEN
+        RAISE EXCEPTION 'output is % bytes, over the limit of % bytes',
+            octet_length(p_output::text), orch8.limit_of('resolution_output_bytes')
+            USING ERRCODE = 'O8008',
+                  DETAIL = json_build_object(
+                      'field', 'output',
+                      'limit', orch8.limit_of('resolution_output_bytes'))::text;
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.require_output_size(jsonb) IS
+'O8008 (DETAIL {field: output, limit}) when a step output given by a person (a resolution, '
+'a retry) is over resolution_output_bytes as JSON text; nothing for NULL.';
+
 CREATE OR REPLACE FUNCTION orch8.record_resolution(
     p_tenant_id text,
     p_row orch8.effect_receipts,
@@ -880,14 +901,7 @@ BEGIN
                         'then completes with it), not to %', p_state
             USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'output')::text;
     END IF;
-    IF octet_length(p_output::text) > orch8.limit_of('resolution_output_bytes') THEN
-        RAISE EXCEPTION 'output is % bytes, over the limit of % bytes',
-            octet_length(p_output::text), orch8.limit_of('resolution_output_bytes')
-            USING ERRCODE = 'O8008',
-                  DETAIL = json_build_object(
-                      'field', 'output',
-                      'limit', orch8.limit_of('resolution_output_bytes'))::text;
-    END IF;
+    PERFORM orch8.require_output_size(p_output);
     v_row := orch8.load_effect_receipt(p_tenant_id, p_id);
     IF v_row.id IS NULL THEN
         RAISE EXCEPTION 'effect receipt % not found', p_id

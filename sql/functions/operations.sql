@@ -363,14 +363,7 @@ BEGIN
                   DETAIL = json_build_object('instance_id', p_instance_id,
                                              'current_state', v_inst.state)::text;
     END IF;
-    IF octet_length(p_output::text) > orch8.limit_of('resolution_output_bytes') THEN
-        RAISE EXCEPTION 'output is % bytes, over the limit of % bytes',
-            octet_length(p_output::text), orch8.limit_of('resolution_output_bytes')
-            USING ERRCODE = 'O8008',
-                  DETAIL = json_build_object(
-                      'field', 'output',
-                      'limit', orch8.limit_of('resolution_output_bytes'))::text;
-    END IF;
+    PERFORM orch8.require_output_size(p_output);
     IF v_err.seq IS NULL THEN  -- failed before any step ran
         PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'failed', 'scheduled',
                                           p_actor, 'retry');
