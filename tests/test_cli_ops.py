@@ -789,3 +789,17 @@ def test_webhooks_disable_and_enable(db_url, conn):
         ],
     )
     assert conn.execute(enabled, (sid,)).fetchone()[0] is True
+
+
+def test_output_cut_short_by_the_reader_is_no_traceback(db_url):
+    """`orch8 ... | head`: the reader closes the pipe; the command ends quietly."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orch8_py", "effects", "unresolved"],
+        env=orch8_env(ORCH8_DATABASE_URL=db_url),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    proc.stdout.close()  # like `| head -0`
+    _, err = proc.communicate(timeout=60)
+    assert b"Traceback" not in err and b"BrokenPipe" not in err, err
