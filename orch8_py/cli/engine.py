@@ -4,7 +4,6 @@ service, both) and manage the schema."""
 from __future__ import annotations
 
 import argparse
-import errno
 import logging
 import os
 import signal
@@ -14,7 +13,6 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from .. import config, db, metrics, migrate, sqlapi
-from ..errors import ConfigError
 from ..runner import Runner
 from ..runner import Settings as RunnerSettings
 from ..startup import check_schema, database, run_migrations, say
@@ -27,21 +25,16 @@ log = logging.getLogger("orch8")
 
 
 def make_server(
-    url: str, host: str, port: int, threads: int = 8
+    url: str, host: str, port: int, threads: int | None = None
 ) -> MultiSocketServer | BaseWSGIServer:
-    import waitress.server
-
+    """The operator service on host:port, with the HTTP limits of orch8_py/serving.py
+    (ORCH8_HTTP_*); ``threads`` (``--threads``) wins over ORCH8_HTTP_THREADS."""
     from web import create_app
 
-    try:
-        return waitress.server.create_server(create_app(url), host=host, port=port, threads=threads)
-    except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            raise ConfigError(
-                f"port {port} on {host} is already in use: stop the other process "
-                "or pick another port with --port (or ORCH8_PORT)"
-            ) from None
-        raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror})") from None
+    from .. import serving
+
+    limits = serving.Limits.from_env(threads=threads)
+    return serving.create_server(create_app(url), host, port, limits)
 
 
 def make_runner(url: str, settings: config.Settings) -> Runner:
