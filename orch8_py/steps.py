@@ -12,6 +12,7 @@ retryable StepError with the exception's text.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,6 +72,22 @@ class StepContext:
     # idempotency_key param, else one key for every attempt when the step declares
     # provider_idempotency, else the effect id. None for pure handlers.
     idempotency_key: str | None = None
+    # When the handler's time is up, on the time.monotonic() clock. Left None, it is set
+    # from ``timeout`` when the context is made: the runner makes it just before it starts
+    # waiting ``timeout`` seconds, so the time a handler spends queued for a thread counts.
+    # Stays None when ``timeout`` is 0 (no limit).
+    deadline: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.deadline is None and self.timeout and self.timeout > 0:
+            self.deadline = time.monotonic() + float(self.timeout)
+
+    def remaining(self) -> float | None:
+        """Seconds left before the step's deadline (0.0 once it has passed), or None when
+        the step has no time limit."""
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - time.monotonic())
 
 
 Handler = Callable[[dict[str, Any], StepContext], Any]

@@ -306,12 +306,16 @@ def test_chaos_with_verifiers(conn, fake, runners):
     for i in range(CHAOS):
         order = 1000 + i
         if i % 3 == 0:
-            fake.fail_next("slow", delay=0.6, order_id=order)
+            fake.fail_next("slow", delay=1.6, order_id=order)
             if i % 10 == 0:
                 fake.lookup_down_orders.add(order)  # the verifier can never tell
         elif i % 4 == 1:
             fake.fail_next("drop", order_id=order)
-    seq = checkout(conn, fake.url, verify=lookup(fake.url, schedule=[100, 100, 200]))
+    # timeout_ms bounds the whole exchange: generous enough that only the slow orders (and
+    # never a prompt one on a loaded two-core machine) run past it
+    seq = checkout(
+        conn, fake.url, verify=lookup(fake.url, schedule=[100, 100, 200]), timeout_ms=1000
+    )
     instances = [start(conn, seq, {"order": 1000 + i, "amount": 100}) for i in range(CHAOS)]
     runners(2, ORCH8_CONCURRENCY="8")
     states = wait_for(conn, instances, timeout=120 + CHAOS / 5)

@@ -117,8 +117,9 @@ def sleep(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     duration_ms = _number(params, "duration_ms", 100)
     if duration_ms < 0:
         raise bad_params("duration_ms must be >= 0")
-    if ctx.timeout and ctx.timeout > 0:
-        duration_ms = min(duration_ms, ctx.timeout * 1000.0)
+    remaining = ctx.remaining()  # not ctx.timeout: time spent queued for a thread counts
+    if remaining is not None:
+        duration_ms = min(duration_ms, remaining * 1000.0)
     time.sleep(duration_ms / 1000.0)
     return {"slept_ms": round(duration_ms)}
 

@@ -1,17 +1,19 @@
 """HTTP for the side-effecting builtins (http_request, llm_call, tool_call).
 
 One function, ``send``, does what all three share: URL checks and the SSRF guard, the
-``Idempotency-Key`` header, a bounded timeout, a bounded response read, and the mapping
-of failures onto the engine's two kinds of handler error:
+``Idempotency-Key`` header, an overall deadline for the exchange, a bounded response read,
+and the mapping of failures onto the engine's two kinds of handler error:
 
 * ``NotApplied`` when nothing can have reached the server: the name did not resolve, the
-  connection was refused or the network was unreachable, or connecting timed out. The
-  request bytes are written only after a connection exists, so none were sent.
+  connection was refused or the network was unreachable, connecting timed out, or the
+  deadline passed before the request was written. The request bytes are written only
+  after a connection exists, so none were sent.
 * ``NotApplied(reached=True)`` when the server answered with a status the response table
   (``classify``) calls ``not_applied``: by default a 4xx other than 408, 409, 425, 429,
   a definitive refusal.
 * ``StepError`` for everything else: an ambiguous status (``code`` = the status), a
-  timeout or a broken connection after connecting (the server may have acted).
+  timeout (of one operation, or the overall deadline) or a broken connection after
+  connecting (the server may have acted).
 
 The engine reuses ``classify`` and ``output_from_response`` to judge and to turn a
 recorded response into the output the handler would have returned.
@@ -25,12 +27,15 @@ stay the original host), so a second DNS answer cannot swap in an internal addre
 from __future__ import annotations
 
 import codecs
+import contextlib
 import errno
 import ipaddress
 import json
 import os
 import re
 import socket
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -417,6 +422,80 @@ def output_from_response(response: Any, receipt_path: str | None) -> dict[str, A
     )
 
 
+class _Deadline:
+    """Abandons an exchange when its overall deadline passes, whatever it is blocked in.
+
+    httpx's timeouts bound each socket operation, not the exchange: a server that trickles
+    a byte per read (TLS handshake, status line, headers or body) never trips them. Reading
+    the body in chunks and checking the clock between them would not do either: one read
+    can still block for the whole per-read timeout, and the headers are read inside
+    httpcore. So a timer shuts the connection's socket down at the deadline: shutdown,
+    unlike close, wakes a recv or send blocked in the handler thread, which then fails at
+    once, and the peer sees the connection end. The socket comes from httpcore's documented
+    ``trace`` request extension when it connects, and is duplicated: the timer acts on its
+    own descriptor, so it never touches one httpcore has closed and the OS handed out again,
+    and the duplicate is dropped before httpcore closes the connection.
+    """
+
+    def __init__(self, seconds: float):
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._stopped = False
+        self.fired = False  # the deadline passed during the exchange
+        self.sending = False  # the first request byte may have been written
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.name = "orch8-http-deadline"
+        self._timer.daemon = True
+
+    def start(self) -> None:
+        self._timer.start()
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        """httpcore's trace callback (called on the handler thread)."""
+        if event == "connection.connect_tcp.complete":
+            sock = info["return_value"].get_extra_info("socket")
+            with self._lock:
+                if self._stopped or not isinstance(sock, socket.socket):
+                    return
+                if self._sock is not None:
+                    self._sock.close()
+                self._sock = sock.dup()
+                if self.fired:  # connected after the deadline: end it before anything is sent
+                    self._shutdown()
+        elif event.endswith(".send_request_headers.started"):
+            self.sending = True
+        elif event.endswith(".response_closed.started"):
+            self.stop()  # httpcore is about to close (or pool) the connection
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self.fired = True
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):  # already gone
+                self._sock.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            self._timer.cancel()
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+
+
+def _timed_out(method: str, shown_url: str, why: str) -> StepError:
+    return StepError(
+        f"{method} {shown_url}: timed out after connecting ({why}); "
+        "the request may have been received",
+        code="timeout",
+    )
+
+
 @dataclass
 class Response:
     status: int
@@ -470,7 +549,16 @@ def send(
     ``content_type`` goes with ``content`` unless ``headers`` name one. The status is
     judged by ``classify(status, responses)``: applied returns the Response, not_applied
     raises NotApplied(reached=True) with the answer as evidence, ambiguous a StepError.
+
+    The whole exchange (resolving, connecting, sending, reading the status, headers and
+    body) ends by ``timeout`` seconds from now or ``ctx.deadline``, whichever is first;
+    each socket operation is bounded by what is left. An exchange cut off by that deadline
+    ends as a timeout: NotApplied before the first request byte is written, else an
+    ambiguous StepError(code="timeout").
     """
+    deadline = time.monotonic() + timeout
+    if ctx.deadline is not None:
+        deadline = min(deadline, ctx.deadline)
     target = check_url(url)
     shown_url = str(target.original)
     hdrs = {
@@ -490,11 +578,19 @@ def send(
         content_type = None
     if content_type and not any(k.lower() == "content-type" for k in hdrs):
         hdrs["Content-Type"] = content_type
-    if target.extensions:
-        kwargs["extensions"] = target.extensions
+    budget = deadline - time.monotonic()
+    if budget <= 0:
+        raise NotApplied(
+            f"{method} {shown_url}: the step's time ran out before the request was sent",
+            {"url": shown_url, "stage": "connect", "reason": "deadline"},
+            code="connect",
+        )
+    guard = _Deadline(budget)
+    kwargs["extensions"] = {**target.extensions, "trace": guard.trace}
     try:
+        guard.start()
         with (
-            httpx.Client(timeout=httpx.Timeout(timeout), trust_env=False) as client,
+            httpx.Client(timeout=httpx.Timeout(budget), trust_env=False) as client,
             client.stream(method, target.url, **kwargs) as resp,
         ):
             raw = bytearray()
@@ -515,18 +611,18 @@ def send(
                 )
     except httpx.HTTPError as exc:
         why = _not_connected(exc)
+        if why is None and guard.fired and not guard.sending:
+            why = "deadline"  # connected too late: the guard ended it before any byte went
         if why is not None:
             raise NotApplied(
                 f"{method} {shown_url}: {why}: {exc}",
                 {"url": shown_url, "stage": "connect", "reason": why},
                 code="connect",
             ) from None
+        if guard.fired:  # whatever the cut-off connection raised
+            raise _timed_out(method, shown_url, f"overall deadline of {budget:g}s") from None
         if isinstance(exc, httpx.TimeoutException):
-            raise StepError(
-                f"{method} {shown_url}: timed out after connecting ({type(exc).__name__}); "
-                "the request may have been received",
-                code="timeout",
-            ) from None
+            raise _timed_out(method, shown_url, type(exc).__name__) from None
         raise StepError(
             f"{method} {shown_url}: {type(exc).__name__}: {exc or 'connection broken'}; "
             "the request may have been received",
@@ -534,6 +630,11 @@ def send(
         ) from None
     except (TypeError, ValueError) as exc:  # unencodable body and the like
         raise bad_params(f"{method} {shown_url}: cannot send: {exc}") from None
+    finally:
+        guard.stop()
+    if guard.fired:
+        # a body read until the connection closes looks complete when the guard closed it
+        raise _timed_out(method, shown_url, f"overall deadline of {budget:g}s")
 
     text = bytes(raw[:MAX_BODY_TEXT]).decode(encoding, errors="replace")
     out = Response(status, resp_headers, text, truncated or len(raw) > MAX_BODY_TEXT)
