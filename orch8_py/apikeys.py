@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import uuid
+from datetime import timedelta
 
 from . import sqlapi
 from .sqlapi.base import Conn
@@ -24,8 +25,11 @@ def key_hash(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
 
 
-def create(conn: Conn, tenant_id: str, role: str, name: str) -> tuple[uuid.UUID, str]:
-    """Create a key; returns (key id, secret). The secret is not stored: show it once."""
+def create(
+    conn: Conn, tenant_id: str, role: str, name: str, expires_in: timedelta | None = None
+) -> tuple[uuid.UUID, str]:
+    """Create a key (valid until revoked, or for ``expires_in``); returns (key id, secret).
+    The secret is not stored: show it once."""
     secret, prefix = generate()
     key_id = sqlapi.keys.create_api_key(
         conn,
@@ -34,5 +38,6 @@ def create(conn: Conn, tenant_id: str, role: str, name: str) -> tuple[uuid.UUID,
         role=role,
         key_prefix=prefix,
         key_hash=key_hash(secret),
+        expires_in=expires_in,
     )
     return key_id, secret

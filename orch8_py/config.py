@@ -17,6 +17,10 @@ DEFAULT_PORT = 8080
 @dataclass(frozen=True)
 class Settings:
     database_url: str | None
+    # Least-privilege logins (docs/SECURITY.md): when set, the runner connects as
+    # orch8_runner and the operator service as orch8_web through these instead.
+    runner_database_url: str | None
+    web_database_url: str | None
     data_dir: Path
     host: str
     port: int
@@ -62,6 +66,8 @@ def load() -> Settings:
         raise ConfigError(f"ORCH8_PORT={port} is not a TCP port (1-65535)")
     settings = Settings(
         database_url=url,
+        runner_database_url=os.environ.get("ORCH8_RUNNER_DATABASE_URL") or None,
+        web_database_url=os.environ.get("ORCH8_WEB_DATABASE_URL") or None,
         data_dir=Path(data_dir).expanduser() if data_dir else default_data_dir(),
         host=os.environ.get("ORCH8_HOST") or DEFAULT_HOST,
         port=port,
@@ -72,6 +78,14 @@ def load() -> Settings:
         grace=_number("ORCH8_GRACE_SECONDS", 30.0, float),
         verify_interval=_number("ORCH8_VERIFY_INTERVAL", 0.5, float),
     )
+    from .db import validate_url  # db imports nothing of ours but errors; keep config light
+
+    for source, role_url in (
+        ("ORCH8_RUNNER_DATABASE_URL", settings.runner_database_url),
+        ("ORCH8_WEB_DATABASE_URL", settings.web_database_url),
+    ):
+        if role_url:
+            validate_url(role_url, source)
     if settings.heartbeat >= settings.lease:
         raise ConfigError(
             f"ORCH8_HEARTBEAT_SECONDS ({settings.heartbeat:g}) must be shorter than "

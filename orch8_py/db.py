@@ -34,6 +34,22 @@ def validate_url(url: str, source: str = "ORCH8_DATABASE_URL") -> dict[str, Any]
     return params
 
 
+# The least-privilege roles of migration 0010 (docs/SECURITY.md): what the runner and the
+# operator service act as, whatever login their URL names.
+RUNNER_ROLE = "orch8_runner"
+WEB_ROLE = "orch8_web"
+
+
+def as_role(url: str, role: str) -> str:
+    """``url`` with the session switched to ``role`` from the first statement (libpq
+    ``options=-c role=...``). The login must be ``role`` or a member of it: the login of
+    ORCH8_RUNNER_DATABASE_URL is orch8_runner itself; the one URL of the quick start is the
+    schema owner, a member of both (then a connection could RESET ROLE: not a boundary)."""
+    params = conninfo.conninfo_to_dict(url)
+    options = str(params.get("options") or "")
+    return conninfo.make_conninfo(url, options=f"{options} -c role={role}".strip())
+
+
 def describe(url: str) -> str:
     """Where a URL points, without its password, for messages."""
     try:

@@ -80,6 +80,13 @@ class InvalidInput(Orch8Error):
     sqlstate = "O8008"
 
 
+class Forbidden(Orch8Error):
+    """The caller may not act on this: no usable credential, another tenant, another
+    instance's receipt."""
+
+    sqlstate = "O8009"
+
+
 class InvalidSequence(InvalidInput):
     """A sequence definition with problems: ``problems`` lists each {path, message}."""
 
@@ -101,6 +108,7 @@ BY_SQLSTATE: dict[str, type[Orch8Error]] = {
         EffectBlocked,
         NotFound,
         InvalidInput,
+        Forbidden,
     )
     if cls.sqlstate
 }

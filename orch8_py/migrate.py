@@ -185,9 +185,23 @@ def migrate(
         for i, m in enumerate(st.pending, 1):
             progress(f"[{i}/{total}] applying {m.kind} {m.name}")
             _apply(conn, m)
+        if st.pending:
+            _secure_functions(conn)
         return st.pending
     finally:
         conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+
+
+def _secure_functions(conn: psycopg.Connection) -> None:
+    """CREATE OR REPLACE resets a function's SECURITY DEFINER and search_path: restore
+    them, its owner and its grants (orch8.secure_functions, migration 0010). Until this
+    runs a replaced writer is SECURITY INVOKER, which fails closed for application roles
+    (they hold no DML)."""
+    found = conn.execute("SELECT to_regprocedure('orch8.secure_functions()') IS NOT NULL")
+    row = found.fetchone()
+    if row and row[0]:
+        with conn.transaction():
+            conn.execute("SELECT orch8.secure_functions()")
 
 
 def _apply(conn: psycopg.Connection, m: Migration) -> None:

@@ -31,8 +31,8 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
+from . import db, metrics, sqlapi
 from . import handlers as registry
-from . import metrics, sqlapi
 from .errors import StaleLease
 from .instance_state import SqlInstanceState
 from .retry import RetryPolicy
@@ -83,7 +83,9 @@ class Invocation:
 
 class Runner:
     def __init__(self, url: str, settings: Settings | None = None, **overrides: Any):
-        self.url = url
+        # Every connection (the pool, the listener, the deliverer, the verifier) acts as
+        # orch8_runner: it may call the engine's functions and write no table directly.
+        self.url = url = db.as_role(url, db.RUNNER_ROLE)
         self.settings = settings or Settings(**overrides)
         s = self.settings
         self.pool: ConnectionPool[Conn] = ConnectionPool(

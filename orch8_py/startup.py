@@ -34,6 +34,18 @@ def database(settings: config.Settings, quiet: bool = False) -> Iterator[str]:
         server.stop()
 
 
+@contextlib.contextmanager
+def service_database(settings: config.Settings, role_url: str | None, source: str) -> Iterator[str]:
+    """The URL a service connects with: its own least-privilege login (``role_url``, from
+    the variable ``source``) when one is configured, else what ``database`` yields."""
+    if role_url:
+        db.validate_url(role_url, source)
+        yield role_url
+        return
+    with database(settings) as url:
+        yield url
+
+
 def run_migrations(url: str, progress: Callable[[str], None] = say) -> None:
     with db.connect(url, autocommit=True) as conn:
         applied = migrate.migrate(conn, progress=lambda m: progress(f"orch8: {m}"))

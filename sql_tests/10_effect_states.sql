@@ -1,7 +1,19 @@
 -- Effect receipt states: the whole transition matrix, and its enforcement by the
 -- database itself (triggers), whatever the write path.
 BEGIN;
-SELECT plan(30);
+SELECT plan(31);
+-- the instances the vectors name (a receipt needs a real instance)
+SELECT
+    tap.instances(
+        't1',
+        ARRAY[
+            '00000000-0000-0000-0000-0000000000a1',
+            '00000000-0000-0000-0000-0000000000c7',
+            '00000000-0000-0000-0000-0000000000e1',
+            '00000000-0000-0000-0000-0000000000e2',
+            '00000000-0000-0000-0000-0000000000e3'
+        ]::uuid[]
+    );
 
 -- 1. The state machine --------------------------------------------------------------------
 
@@ -147,10 +159,17 @@ SELECT results_eq(
     'the direct INSERT and the allowed direct UPDATE are recorded as events by current_user'
 );
 
-SELECT lives_ok(
+SELECT throws_ok(
     $$UPDATE orch8.effect_receipts SET error = 'a note from a DBA'
       WHERE tenant_id = 't1' AND id = '00000000-0000-0000-0000-0000000000e1'$$,
-    'a direct UPDATE of a non-identity column that keeps the state is allowed'
+    'O8004', NULL,
+    'error, evidence or provider receipt id change only with a state move (which records it)'
+);
+
+SELECT lives_ok(
+    $$UPDATE orch8.effect_receipts SET updated_at = updated_at
+      WHERE tenant_id = 't1' AND id = '00000000-0000-0000-0000-0000000000e1'$$,
+    'an UPDATE that changes nothing of the record is allowed'
 );
 
 SELECT is(

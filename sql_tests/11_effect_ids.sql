@@ -7,6 +7,15 @@
 -- and for scope ids: sha256(prefix.encode() + b'\x00' + instance.bytes), same fix-up.
 BEGIN;
 SELECT plan(24);
+-- the instances the vectors name (a receipt needs a real instance)
+SELECT
+    tap.instances(
+        't1',
+        ARRAY[
+            '00000000-0000-0000-0000-0000000000a1', '00000000-0000-0000-0000-0000000000a2'
+        ]::uuid[]
+    );
+SELECT tap.instances('t2', ARRAY['00000000-0000-0000-0000-0000000000a1']::uuid[]);
 
 -- uuid_from_digest: version 8 and the RFC 4122 variant are forced
 

@@ -4,6 +4,16 @@
 -- 511c3cff-6ba1-8ff6-aee8-afd472664eaf (the scope of instance a1), epoch 0.
 BEGIN;
 SELECT plan(31);
+-- the instances the vectors name (a receipt needs a real instance)
+SELECT
+    tap.instances(
+        't1',
+        ARRAY[
+            '00000000-0000-0000-0000-0000000000a0',
+            '00000000-0000-0000-0000-0000000000a1',
+            '00000000-0000-0000-0000-0000000000f1'
+        ]::uuid[]
+    );
 
 SELECT has_function(
     'orch8', 'begin_effect',

@@ -5,7 +5,28 @@
 --   (charge-again, 0) 95de834f-9bd2-8c4e-9f97-1a0c1d5131cb
 --   (charge, 1)       4733528e-c5e6-8f5e-9e5a-9698fd50dbe7
 BEGIN;
-SELECT plan(38);
+SELECT plan(39);
+-- the instances the vectors name (a receipt needs a real instance)
+SELECT
+    tap.instances(
+        't1',
+        ARRAY[
+            '00000000-0000-0000-0000-0000000000a1',
+            '00000000-0000-0000-0000-0000000000a2',
+            '00000000-0000-0000-0000-0000000000a3',
+            '00000000-0000-0000-0000-0000000000b1',
+            '00000000-0000-0000-0000-0000000000b9',
+            '00000000-0000-0000-0000-0000000000c1',
+            '00000000-0000-0000-0000-0000000000c2',
+            '00000000-0000-0000-0000-0000000000d1',
+            '00000000-0000-0000-0000-0000000000d2',
+            '00000000-0000-0000-0000-0000000000e1',
+            '00000000-0000-0000-0000-0000000000e2',
+            '00000000-0000-0000-0000-0000000000f1',
+            '00000000-0000-0000-0000-0000000000f2'
+        ]::uuid[]
+    );
+SELECT tap.instances('t2', ARRAY['00000000-0000-0000-0000-0000000000b1']::uuid[]);
 
 CREATE TEMP TABLE inv AS
 SELECT * FROM orch8.declare_invariant(
@@ -438,10 +459,20 @@ SELECT throws_ok(
     'both an instance and a sequence: O8005'
 );
 
-SELECT lives_ok(
+SELECT throws_ok(
     $$SELECT orch8.declare_invariant('t1', 'charge once',
           '{"type": "effect_at_most_once", "kind": "http"}', true,
           p_sequence_id := '00000000-0000-0000-0000-0000000000ee', p_sequence_version := 2)$$,
+    'O8007', NULL,
+    'a declaration for a sequence that does not exist: O8007'
+);
+
+SELECT lives_ok(
+    $$SELECT orch8.declare_invariant('t1', 'charge once',
+          '{"type": "effect_at_most_once", "kind": "http"}', true,
+          p_sequence_id := (SELECT s.id FROM orch8.sequences AS s
+                            WHERE s.tenant_id = 't1' AND s.name = 'fixture'),
+          p_sequence_version := 2)$$,
     'a well-formed sequence-scoped declaration is accepted'
 );
 

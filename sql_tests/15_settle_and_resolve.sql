@@ -3,6 +3,8 @@
 -- resolve_effect (the operator).
 BEGIN;
 SELECT plan(66);
+-- the instances the vectors name (a receipt needs a real instance)
+SELECT tap.instances('t1', ARRAY['00000000-0000-0000-0000-0000000000a1']::uuid[]);
 
 -- One dispatched http receipt per block of instance a1.
 CREATE TEMP TABLE r AS

@@ -3,6 +3,14 @@
 -- (default 5 minutes). Time is moved with orch8.fake_now.
 BEGIN;
 SELECT plan(13);
+-- the instances the vectors name (a receipt needs a real instance)
+SELECT
+    tap.instances(
+        't1',
+        ARRAY[
+            '00000000-0000-0000-0000-0000000000a1', '00000000-0000-0000-0000-0000000000e9'
+        ]::uuid[]
+    );
 
 SELECT set_config('orch8.fake_now', '2030-01-01 00:00:00+00', true);
 

@@ -12,6 +12,38 @@ from orch8_py.sqlapi import Conn, Row
 from orch8_py.sqlapi.steps import Outcome
 
 
+def instance(conn: Conn, tenant_id: str, instance_id: uuid.UUID | None = None) -> uuid.UUID:
+    """A scheduled instance (of a one-step fixture sequence) to hang receipts on: the ledger
+    refuses receipts and scopes for instances that do not exist. ``instance_id`` when a
+    test needs a given id (inserted directly: the test connection is the owner's)."""
+    from psycopg.types.json import Jsonb
+
+    seq = conn.execute(
+        "SELECT id FROM orch8.sequences WHERE tenant_id = %s AND namespace = 'tests'"
+        " AND name = 'ledger_fixture'",
+        (tenant_id,),
+    ).fetchone()
+    if seq is None:
+        blocks = {"blocks": [{"id": "pay", "type": "step", "handler": "x.pay"}]}
+        seq = conn.execute(
+            "SELECT id FROM orch8.create_sequence(%s, 'tests', 'ledger_fixture', %s)",
+            (tenant_id, Jsonb(blocks)),
+        ).fetchone()
+    assert seq is not None
+    if instance_id is None:
+        row = conn.execute(
+            "SELECT id FROM orch8.create_instance(%s, %s)", (tenant_id, seq[0])
+        ).fetchone()
+        assert row is not None
+        return uuid.UUID(str(row[0]))
+    conn.execute(
+        "INSERT INTO orch8.task_instances (tenant_id, id, sequence_id, sequence_version)"
+        " VALUES (%s, %s, %s, 1) ON CONFLICT DO NOTHING",
+        (tenant_id, instance_id, seq[0]),
+    )
+    return instance_id
+
+
 def raise_for(outcome: Outcome) -> Outcome:
     """Turn a refusal into its exception; return a dispatched (or settled) outcome."""
     if outcome.outcome in ("blocked", "stale"):

@@ -51,6 +51,8 @@ def main() -> int:
                     return skip_or_fail(
                         f"the pgtap extension is not installed in the server ({exc})"
                     )
+                for fixture in sorted((pgserver.ROOT / "sql_tests" / "fixtures").glob("*.sql")):
+                    conn.execute(fixture.read_text(encoding="utf-8"))
             params = conninfo.conninfo_to_dict(url)
             env = dict(os.environ)
             for key, var in (

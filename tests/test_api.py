@@ -13,6 +13,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
@@ -1346,7 +1347,7 @@ def test_deep_json_is_stored_and_read_back_up_to_the_limit(api):
     assert body["problems"][0]["message"] == "nested deeper than 512"
 
 
-def test_a_connection_left_by_tenant_tx_does_not_break_api_authentication(app, api):
+def test_a_connection_left_by_tenant_tx_does_not_break_api_authentication(app, api, keys):
     from flask import g
 
     from web.db import tenant_tx
@@ -1355,15 +1356,17 @@ def test_a_connection_left_by_tenant_tx_does_not_break_api_authentication(app, a
     # connection it gets, so the row factory must not outlive the transaction
     with app.test_request_context():
         g.tenant = ACME
+        g.credential = ("api_key", apikeys.key_hash(keys["operator"]))
         with tenant_tx() as conn:  # what a console page does
             conn.execute("SELECT 1")
     assert api.get("/instances").status_code == 200
 
 
-def test_request_transactions_run_under_row_level_security(app, conn):
+def test_request_transactions_run_under_row_level_security(app, conn, keys):
     """Routes also name the tenant in their queries, so cross-tenant 404s alone would not
     show that RLS is in force: here an unfiltered query inside tenant_tx sees one tenant,
-    and the pooled connection leaves the transaction as the pool's own role again."""
+    cannot write a table, and the pooled connection outside the transaction, still
+    orch8_web, sees no tenant at all."""
     from flask import g
 
     from web.db import tenant_tx
@@ -1377,20 +1380,20 @@ def test_request_transactions_run_under_row_level_security(app, conn):
     mine, theirs = start(ACME), start(OTHER)
     with app.test_request_context():
         g.tenant = ACME
+        g.credential = ("api_key", apikeys.key_hash(keys["operator"]))
         with tenant_tx() as tx:
             row = tx.execute(
-                "SELECT current_user AS who, current_setting('orch8.tenant_id') AS tenant"
+                "SELECT current_user AS who, orch8.current_tenant() AS tenant"
             ).fetchone()
             assert tuple(row) == ("orch8_web", ACME)
             ids = {r[0] for r in tx.execute("SELECT id FROM orch8.task_instances")}
             assert ids == {mine}
-            moved = tx.execute(
-                "UPDATE orch8.task_instances SET priority = 9 WHERE id = %s", (theirs,)
-            ).rowcount
-            assert moved == 0
+            with pytest.raises(psycopg.errors.InsufficientPrivilege), tx.transaction():
+                tx.execute("UPDATE orch8.task_instances SET priority = 9 WHERE id = %s", (mine,))
         pool = app.extensions["orch8.pool"]
         with pool.connection() as again:
-            assert again.execute("SELECT current_user").fetchone()[0] != "orch8_web"
+            assert again.execute("SELECT current_user").fetchone()[0] == "orch8_web"
+            assert again.execute("SELECT count(*) FROM orch8.task_instances").fetchone()[0] == 0
     assert conn.execute(
         "SELECT priority FROM orch8.task_instances WHERE id = %s", (theirs,)
     ).fetchone() == (0,)

@@ -705,11 +705,18 @@ def test_api_keys(db_url, conn):
 
     listing = ok(db_url, "api-key", "list")
     assert secret not in listing and created["key_prefix"] not in listing
-    # columns: prefix, role, name, created, last used (the check above used it), revoked
-    line = re.escape(secret[:11]) + r"\s+operator\s+ci\s+\S+ \S+Z\s+\S+ \S+Z\s+no$"
+    # columns: prefix, role, name, created, last used (the check above used it), expires,
+    # revoked
+    line = re.escape(secret[:11]) + r"\s+operator\s+ci\s+\S+ \S+Z\s+\S+ \S+Z\s+never\s+no$"
     assert re.search(line, listing, re.M), listing
     other = ok(db_url, "api-key", "list", "--tenant", TENANT)
-    assert re.search(r"auditor\s+auditor\s+\S+ \S+Z\s+never\s+no$", other, re.M), other
+    assert re.search(r"auditor\s+auditor\s+\S+ \S+Z\s+never\s+never\s+no$", other, re.M), other
+    temp = ok_json(
+        db_url, "api-key", "create", "--role", "operator", "--expires-in", "2h", "--tenant", TENANT
+    )
+    assert temp["expires_at"] is not None
+    shown = ok(db_url, "api-key", "list", "--tenant", TENANT)
+    assert re.search(re.escape(temp["key_prefix"]) + r".*\d\d:\d\d:\d\dZ\s+no$", shown, re.M)
     [key] = ok_json(db_url, "api-key", "list")
     assert key["key_prefix"] == secret[:11] and key["revoked_at"] is None
 
@@ -723,6 +730,7 @@ def test_api_keys(db_url, conn):
             (1, ("api-key", "revoke", str(key["id"]), "--tenant", TENANT), ("not found",)),
             (1, ("api-key", "revoke", str(uuid.uuid4())), ("not found",)),
             (2, ("api-key", "create", "--role", "admin", "--tenant", "bad tenant"), ("tenant",)),
+            (2, ("api-key", "create", "--role", "admin", "--expires-in", "soon"), ("duration",)),
         ],
     )
 

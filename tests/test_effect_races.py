@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -54,7 +53,7 @@ def begin(conn, instance, block, attempt):
 def test_same_attempt_from_16_sessions_dispatches_once(sessions):
     check = sessions[0]
     for _ in range(ROUNDS):
-        instance = uuid.uuid4()
+        instance = ledger.instance(check, TENANT)
         results = race(sessions, lambda c, _i, inst=instance: begin(c, inst, "charge", 0))
         outcomes = Counter(outcome for outcome, _ in results)
         assert outcomes == {"dispatched": 1, "blocked": SESSIONS - 1}, outcomes
@@ -70,7 +69,7 @@ def test_same_attempt_from_16_sessions_dispatches_once(sessions):
 def test_same_content_under_commit_guard_dispatches_once(sessions):
     check = sessions[0]
     for _ in range(ROUNDS):
-        instance = uuid.uuid4()
+        instance = ledger.instance(check, TENANT)
         check.execute(
             "SELECT orch8.declare_invariant(%s, 'charge once', %s, true, %s)",
             (TENANT, Jsonb({"type": "effect_at_most_once", "kind": "http"}), instance),
@@ -118,7 +117,7 @@ def test_lost_cas_reports_the_current_state_and_is_not_retried(db_url):
         psycopg.connect(db_url, autocommit=True) as loser,
     ):
         for _ in range(ROUNDS):
-            instance = uuid.uuid4()
+            instance = ledger.instance(setup, TENANT)
             out = ledger.begin_effect(setup, TENANT, instance, "charge", "http_request", PARAMS, 0)
             # The winner moves the receipt and holds its row lock...
             assert winner.execute(

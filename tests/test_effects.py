@@ -56,6 +56,7 @@ def test_effect_id_agrees_with_python(conn, continuity, epoch, instance, block, 
 )
 @given(instance=uuids)
 def test_scope_ids_agree_with_python(conn, instance):
+    ledger.instance(conn, TENANT, instance)
     scope = conn.execute(
         "SELECT continuity_id, owner_runtime_id, epoch FROM orch8.ensure_effect_scope(%s, %s)",
         (TENANT, instance),
@@ -148,7 +149,7 @@ def receipt(conn, effect_id):
 
 
 def test_pure_handler_writes_nothing(conn):
-    instance = uuid.uuid4()
+    instance = ledger.instance(conn, TENANT)
     assert ledger.begin_effect(conn, TENANT, instance, "t", "transform", {"x": 1}, 0) is None
     counts = conn.execute(
         "SELECT (SELECT count(*) FROM orch8.continuity_executions),"
@@ -158,7 +159,7 @@ def test_pure_handler_writes_nothing(conn):
 
 
 def test_begin_commit_and_the_effect_id(conn):
-    instance = uuid.uuid4()
+    instance = ledger.instance(conn, TENANT)
     out = ledger.begin_effect(conn, TENANT, instance, "charge", "http_request", PARAMS, 0)
     expected = effect_rules.deterministic_effect_id(
         effect_rules.continuity_id_for(instance), 0, instance, "charge", 0
@@ -187,8 +188,8 @@ def test_begin_commit_and_the_effect_id(conn):
 
 
 def test_blocked_begin_leaves_unknown_visible_to_other_sessions(db_url):
-    instance = uuid.uuid4()
     with psycopg.connect(db_url, autocommit=True) as a:
+        instance = ledger.instance(a, TENANT)
         first = ledger.begin_effect(a, TENANT, instance, "charge", "http_request", PARAMS, 0)
     # "the process died": nothing settled the receipt. The same attempt begins again.
     with psycopg.connect(db_url, autocommit=True) as b:
@@ -215,7 +216,7 @@ def test_blocked_begin_leaves_unknown_visible_to_other_sessions(db_url):
 
 
 def test_next_attempt_proceeds_after_unknown(conn):
-    instance = uuid.uuid4()
+    instance = ledger.instance(conn, TENANT)
     first = ledger.begin_effect(conn, TENANT, instance, "charge", "http_request", PARAMS, 0)
     ledger.mark_effect_unknown(conn, TENANT, first.effect_id, "503 Service Unavailable")
     second = ledger.begin_effect(conn, TENANT, instance, "charge", "http_request", PARAMS, 1)
@@ -224,7 +225,7 @@ def test_next_attempt_proceeds_after_unknown(conn):
 
 
 def test_commit_guard_duplicate_raises_invariant_violation(conn):
-    instance = uuid.uuid4()
+    instance = ledger.instance(conn, TENANT)
     conn.execute(
         "SELECT orch8.declare_invariant(%s, 'one charge', %s, true, %s)",
         (TENANT, Jsonb({"type": "effect_at_most_once", "kind": "http"}), instance),
@@ -252,7 +253,7 @@ def test_commit_guard_duplicate_raises_invariant_violation(conn):
 
 
 def test_abandon_not_applied_and_resolution(conn):
-    instance = uuid.uuid4()
+    instance = ledger.instance(conn, TENANT)
     out = ledger.begin_effect(conn, TENANT, instance, "charge", "payments.charge", PARAMS, 0)
     assert out.kind == "worker"
     with pytest.raises(InvalidInput):
@@ -297,7 +298,7 @@ def test_abandon_not_applied_and_resolution(conn):
 
 
 def test_identity_mismatch_is_invalid_config(conn):
-    instance = uuid.uuid4()
+    instance = ledger.instance(conn, TENANT)
     out = ledger.begin_effect(conn, TENANT, instance, "charge", "http_request", PARAMS, 0)
     scope = effect_rules.continuity_id_for(instance)
     with pytest.raises(InvalidConfig, match="collided"), engine_errors():

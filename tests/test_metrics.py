@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 
 from orch8_py import metrics
 from orch8_py.errors import ConfigError
+from tests import ledger
 from tests.queue_helpers import (
     VERIFIED_HANDLER,
     escalate,
@@ -67,7 +68,8 @@ def registry_value(name: str, **labels: str) -> float:
 
 
 def begin_effect(conn, tenant, handler, *, ago=None) -> uuid.UUID:
-    """A dispatched receipt for a fresh instance id, created ``ago`` (an interval) ago."""
+    """A dispatched receipt for a fresh instance, created ``ago`` (an interval) ago."""
+    instance = ledger.instance(conn, tenant)
     if ago:
         conn.execute(
             "SELECT set_config('orch8.fake_now', (now() - %s::interval)::text, false)", (ago,)
@@ -75,7 +77,7 @@ def begin_effect(conn, tenant, handler, *, ago=None) -> uuid.UUID:
     try:
         row = conn.execute(
             "SELECT outcome, effect_id FROM orch8.begin_effect(%s, %s, 'charge', %s, %s, 0)",
-            (tenant, uuid.uuid4(), handler, Jsonb({"url": "https://x.example"})),
+            (tenant, instance, handler, Jsonb({"url": "https://x.example"})),
         ).fetchone()
     finally:
         conn.execute("RESET orch8.fake_now")
@@ -101,25 +103,25 @@ def test_unresolved_effects_by_tenant_kind_state_and_oldest_age(conn, client):
     begin_effect(conn, "t2", "http_request")
 
     s = scrape(client)
-    # these receipts have no instance row: nothing waits on them (blocking="false")
-    nothing = {"blocking": "false"}
+    # their instances are still scheduled: each waits on its receipt (blocking="true")
+    waits = {"blocking": "true"}
     assert value(s, "orch8_database_up") == 1
     assert (
-        value(s, "orch8_unresolved_effects", tenant="t1", kind="http", state="unknown", **nothing)
+        value(s, "orch8_unresolved_effects", tenant="t1", kind="http", state="unknown", **waits)
         == 2
     )
-    t2 = {"tenant": "t2", "state": "dispatched", **nothing}
+    t2 = {"tenant": "t2", "state": "dispatched", **waits}
     assert value(s, "orch8_unresolved_effects", kind="worker", **t2) == 1
     assert value(s, "orch8_unresolved_effects", kind="http", **t2) is None  # too recent
     unresolved = {labels for name, labels in s if name == "orch8_unresolved_effects"}
     assert len(unresolved) == 2
 
     t1_age = value(
-        s, "orch8_unresolved_effect_oldest_age_seconds", tenant="t1", kind="http", **nothing
+        s, "orch8_unresolved_effect_oldest_age_seconds", tenant="t1", kind="http", **waits
     )
     assert 2 * 3600 - 60 < t1_age < 2 * 3600 + 300  # the older of the two
     t2_age = value(
-        s, "orch8_unresolved_effect_oldest_age_seconds", tenant="t2", kind="worker", **nothing
+        s, "orch8_unresolved_effect_oldest_age_seconds", tenant="t2", kind="worker", **waits
     )
     assert 600 - 60 < t2_age < 600 + 300
 
@@ -139,11 +141,11 @@ def test_unresolved_effects_by_tenant_kind_state_and_oldest_age(conn, client):
     )
     s = scrape(client)
     assert (
-        value(s, "orch8_unresolved_effects", tenant="t1", kind="http", state="unknown", **nothing)
+        value(s, "orch8_unresolved_effects", tenant="t1", kind="http", state="unknown", **waits)
         == 1
     )
     t1_age = value(
-        s, "orch8_unresolved_effect_oldest_age_seconds", tenant="t1", kind="http", **nothing
+        s, "orch8_unresolved_effect_oldest_age_seconds", tenant="t1", kind="http", **waits
     )
     assert 0 < t1_age < 300
 

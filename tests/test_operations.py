@@ -10,6 +10,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from orch8_py import apikeys
 from orch8_py.errors import EffectBlocked, InvalidTransition, NotFound
 from orch8_py.sqlapi.base import engine_errors
 from tests import ledger
@@ -246,17 +247,23 @@ def test_rls_isolates_tenants_for_the_web_role(db_url, conn, seq):
     for tenant, instance in ((TENANT, mine), ("other", theirs)):  # an unknown receipt each
         out = ledger.begin_effect(conn, tenant, instance, "charge", "x.y", PARAMS, 0)
         ledger.mark_effect_unknown(conn, tenant, out.effect_id, "timeout")
+    _, secret = apikeys.create(conn, TENANT, "operator", "ops")
     with psycopg.connect(db_url) as web:
         web.execute("SET ROLE orch8_web")
         assert web.execute("SELECT count(*) FROM orch8.task_instances").fetchone()[0] == 0
+        # a tenant named by hand is no tenant: only a credential seals one
         web.execute("SELECT set_config('orch8.tenant_id', %s, true)", (TENANT,))
+        assert web.execute("SELECT count(*) FROM orch8.task_instances").fetchone()[0] == 0
+        web.execute(
+            "SELECT orch8.enter_tenant('api_key', %s, %s)", (apikeys.key_hash(secret), TENANT)
+        )
         ids = {r[0] for r in web.execute("SELECT id FROM orch8.task_instances")}
         assert ids == {mine}
         # views apply the caller's policies too (security_invoker)
         tenants = {r[0] for r in web.execute("SELECT tenant_id FROM orch8.unresolved_effects")}
         assert tenants <= {TENANT}
         assert theirs not in ids
-        # writes into another tenant are refused too
+        # no direct writes at all (into another tenant or its own)
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             web.execute(
                 "INSERT INTO orch8.instance_signals (tenant_id, instance_id, signal_type, actor)"

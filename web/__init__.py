@@ -8,6 +8,8 @@ import secrets
 from flask import Flask
 from psycopg_pool import ConnectionPool
 
+from orch8_py.db import WEB_ROLE, as_role
+
 from . import problems
 from .console import bp as console_bp
 from .health import bp as health_bp
@@ -31,7 +33,8 @@ def create_app(database_url: str, *, secret_key: str | None = None) -> Flask:
     )
     # Opened lazily: the app starts (and /health/live answers) while PostgreSQL is down.
     app.extensions["orch8.pool"] = ConnectionPool(
-        database_url,
+        # Every request acts as orch8_web: no table writes, no other tenant's rows.
+        as_role(database_url, WEB_ROLE),
         min_size=1,
         max_size=8,
         # A request waits this long for a connection, then answers 503 (not 30 s, the

@@ -42,7 +42,7 @@ def authenticate(secret: str) -> sqlapi.keys.Principal | None:
         return sqlapi.keys.authenticate_api_key(conn, key_hash=apikeys.key_hash(secret))
 
 
-def establish(principal: sqlapi.keys.Principal) -> None:
+def establish(principal: sqlapi.keys.Principal, secret: str) -> None:
     """Set g from an authenticated principal, honouring X-Tenant-Id for admins."""
     tenant = principal.tenant_id
     asked = request.headers.get("X-Tenant-Id")
@@ -57,6 +57,7 @@ def establish(principal: sqlapi.keys.Principal) -> None:
     g.role = principal.role
     g.key_id = principal.key_id
     g.actor = f"key:{principal.name}"
+    g.credential = ("api_key", apikeys.key_hash(secret))
 
 
 def require(*roles: str) -> Callable[[F], F]:
@@ -71,7 +72,7 @@ def require(*roles: str) -> Callable[[F], F]:
             principal = authenticate(secret)
             if principal is None:
                 raise Problem(401, "unauthorized", "unknown or revoked API key")
-            establish(principal)
+            establish(principal, secret)
             role = principal.role
             allowed = role == "admin" or role in roles
             if role == "auditor" and request.method not in READ_METHODS:

@@ -1,7 +1,8 @@
 """Database access for requests: every request's queries run in one transaction as the
-``orch8_web`` role with ``orch8.tenant_id`` set, so row-level security confines them to
-the caller's tenant even if a route forgets a WHERE clause. Statements come from the
-door, orch8_py.sqlapi."""
+``orch8_web`` role, sealed to the caller's tenant by the caller's own credential
+(orch8.enter_tenant), so row-level security confines them to that tenant even if a route
+forgets a WHERE clause, and a connection without a credential reaches nothing. Statements
+come from the door, orch8_py.sqlapi."""
 
 from __future__ import annotations
 
@@ -24,7 +25,12 @@ def pool() -> ConnectionPool[Conn]:
 
 @contextlib.contextmanager
 def tenant_tx(tenant: str | None = None) -> Iterator[Conn]:
-    """A transaction confined to ``tenant`` (default: the authenticated caller's)."""
+    """A transaction confined to ``tenant`` (default: the authenticated caller's), sealed
+    by the request's credential (``g.credential``: its kind and the SHA-256 of its secret,
+    set by the API's key check or the console's session check)."""
+    kind, credential_hash = g.credential
     with pool().connection() as conn, conn.transaction():
-        sqlapi.tenancy.enter_tenant(conn, tenant or g.tenant)
+        sqlapi.tenancy.enter_tenant(
+            conn, kind=kind, credential_hash=credential_hash, tenant_id=tenant or g.tenant
+        )
         yield conn

@@ -43,6 +43,7 @@ STATUS: tuple[tuple[type[errors.Orch8Error], int, str], ...] = (
     (errors.EffectBlocked, 409, "blocked by an unresolved effect"),
     (errors.InvariantViolation, 409, "invariant violation"),
     (errors.StaleLease, 409, "lease lost"),
+    (errors.Forbidden, 403, "forbidden"),
 )
 
 # Engine facts shown as extension members (anything else stays in the log).

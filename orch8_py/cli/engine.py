@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from .. import config, db, metrics, migrate, sqlapi
 from ..runner import Runner
 from ..runner import Settings as RunnerSettings
-from ..startup import check_schema, database, run_migrations, say
+from ..startup import check_schema, database, run_migrations, say, service_database
 from .common import import_flag, import_handler_modules
 
 if TYPE_CHECKING:
@@ -104,9 +104,9 @@ def cmd_up(args: argparse.Namespace, settings: config.Settings) -> int:
     with database(settings) as url:
         run_migrations(url)
         first_start_key(url, settings)
-        server = make_server(url, args.host, args.port)
+        server = make_server(settings.web_database_url or url, args.host, args.port)
         stop = threading.Event()
-        runner = make_runner(url, settings)
+        runner = make_runner(settings.runner_database_url or url, settings)
         threads = [
             threading.Thread(target=runner.run, args=(stop,), name="runner"),
             threading.Thread(target=server.run, name="web", daemon=True),
@@ -129,7 +129,8 @@ def cmd_up(args: argparse.Namespace, settings: config.Settings) -> int:
 
 def cmd_run(args: argparse.Namespace, settings: config.Settings) -> int:
     import_handler_modules(args.imports)
-    with database(settings) as url:
+    runner_url = settings.runner_database_url
+    with service_database(settings, runner_url, "ORCH8_RUNNER_DATABASE_URL") as url:
         check_schema(url)
         exporter = metrics.serve_from_env()
         stop = threading.Event()
@@ -151,7 +152,8 @@ def cmd_run(args: argparse.Namespace, settings: config.Settings) -> int:
 
 
 def cmd_serve(args: argparse.Namespace, settings: config.Settings) -> int:
-    with database(settings) as url:
+    web_url = settings.web_database_url
+    with service_database(settings, web_url, "ORCH8_WEB_DATABASE_URL") as url:
         check_schema(url)
         server = make_server(url, args.host, args.port, threads=args.threads)
         say(f"orch8: operator service on http://{args.host}:{args.port}/")

@@ -7,7 +7,17 @@ import argparse
 
 from .. import apikeys, db, rules, sqlapi
 from ..errors import NotFound
-from .common import EXIT_OK, Subparsers, command, common_flags, emit, parse_uuid, table, ts
+from .common import (
+    EXIT_OK,
+    Subparsers,
+    command,
+    common_flags,
+    emit,
+    parse_duration,
+    parse_uuid,
+    table,
+    ts,
+)
 
 WARNING = (
     "this secret is shown once and is not stored (orch8 keeps only its SHA-256): "
@@ -18,10 +28,16 @@ WARNING = (
 @command
 def api_key_create(args: argparse.Namespace, url: str) -> int:
     with db.connect(url, autocommit=True) as conn:
-        key_id, secret = apikeys.create(conn, args.tenant, args.role, args.name or "")
+        expires_in = parse_duration(args.expires_in, "--expires-in") if args.expires_in else None
+        key_id, secret = apikeys.create(
+            conn, args.tenant, args.role, args.name or "", expires_in=expires_in
+        )
         found = sqlapi.keys.get_api_key(conn, tenant_id=args.tenant, key_id=key_id)
     assert found is not None  # created just now, in this connection
-    row = {k: found[k] for k in ("id", "tenant_id", "name", "role", "key_prefix", "created_at")}
+    row = {
+        k: found[k]
+        for k in ("id", "tenant_id", "name", "role", "key_prefix", "created_at", "expires_at")
+    }
     if args.json:
         emit({**row, "secret": secret, "warning": WARNING}, True, "")
         return EXIT_OK
@@ -29,7 +45,8 @@ def api_key_create(args: argparse.Namespace, url: str) -> int:
         "\n".join(
             [
                 f"created API key {row['id']} ({row['key_prefix']}) for tenant "
-                f"{row['tenant_id']!r}, role {row['role']}, name {row['name']!r}",
+                f"{row['tenant_id']!r}, role {row['role']}, name {row['name']!r}, "
+                + (f"expires {ts(row['expires_at'])}" if row["expires_at"] else "no expiry"),
                 "",
                 f"    {secret}",
                 "",
@@ -54,7 +71,7 @@ def api_key_list(args: argparse.Namespace, url: str) -> int:
         return EXIT_OK
     print(
         table(
-            ["id", "prefix", "role", "name", "created", "last used", "revoked"],
+            ["id", "prefix", "role", "name", "created", "last used", "expires", "revoked"],
             [
                 (
                     r["id"],
@@ -63,6 +80,8 @@ def api_key_list(args: argparse.Namespace, url: str) -> int:
                     r["name"],
                     r["created_at"],
                     r["last_used_at"] or "never",
+                    (f"{ts(r['expires_at'])} (expired)" if r["expired"] else r["expires_at"])
+                    or "never",
                     r["revoked_at"] or "no",
                 )
                 for r in rows
@@ -106,6 +125,12 @@ def add_parsers(sub: Subparsers) -> None:
     create = keysub.add_parser("create", help="create a key; its secret is printed once")
     create.add_argument("--role", required=True, choices=rules.API_KEY_ROLES)
     create.add_argument("--name", default=None, help="a label (default: the role)")
+    create.add_argument(
+        "--expires-in",
+        default=None,
+        metavar="DURATION",
+        help="the key stops working after this long (90d, 12h, 30m; default: never)",
+    )
     common_flags(create)
     create.set_defaults(db_func=api_key_create)
     lst = keysub.add_parser("list", help="the tenant's keys (never their secrets)")

@@ -1,6 +1,6 @@
 -- Repeatable: canonical JSON, hashes and deterministic ids used by the effect ledger.
 
-CREATE OR REPLACE FUNCTION orch8.canonical_json(p_value jsonb)
+CREATE OR REPLACE FUNCTION orch8.canonical_json_at(p_value jsonb, p_depth integer)
 RETURNS text
 LANGUAGE plpgsql
 IMMUTABLE
@@ -10,17 +10,26 @@ AS $$
 DECLARE
     v_out text;
 BEGIN
+    IF p_depth > orch8.limit_of('json_depth') THEN
+        -- refused before PostgreSQL's own stack limit (54001) is reached
+        RAISE EXCEPTION 'JSON nested deeper than % levels', orch8.limit_of('json_depth')
+            USING ERRCODE = 'O8008',
+                  DETAIL = json_build_object('field', 'json',
+                                             'limit', orch8.limit_of('json_depth'))::text;
+    END IF;
     CASE jsonb_typeof(p_value)
         WHEN 'object' THEN
             SELECT '{' || coalesce(
-                string_agg(to_json(e.key)::text || ':' || orch8.canonical_json(e.value),
+                string_agg(to_json(e.key)::text || ':'
+                           || orch8.canonical_json_at(e.value, p_depth + 1),
                            ',' ORDER BY e.key COLLATE "C"),
                 '') || '}'
               INTO v_out
               FROM jsonb_each(p_value) AS e;
         WHEN 'array' THEN
             SELECT '[' || coalesce(
-                string_agg(orch8.canonical_json(a.value), ',' ORDER BY a.ordinality),
+                string_agg(orch8.canonical_json_at(a.value, p_depth + 1), ','
+                           ORDER BY a.ordinality),
                 '') || ']'
               INTO v_out
               FROM jsonb_array_elements(p_value) WITH ORDINALITY AS a;
@@ -32,11 +41,24 @@ BEGIN
 END
 $$;
 
+COMMENT ON FUNCTION orch8.canonical_json_at(jsonb, integer) IS
+'canonical_json of a value found p_depth levels down; deeper than the limit json_depth: '
+'O8008.';
+
+CREATE OR REPLACE FUNCTION orch8.canonical_json(p_value jsonb)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+STRICT
+PARALLEL SAFE
+AS $$ SELECT orch8.canonical_json_at(p_value, 1) $$;
+
 COMMENT ON FUNCTION orch8.canonical_json(jsonb) IS
 'The one canonical JSON form hashed by the ledger: object keys sorted by Unicode code '
 'point (byte order of their UTF-8), no whitespace, arrays in order, strings JSON-escaped '
 '(", \\, \\b \\f \\n \\r \\t, other control characters as \\u00XX, non-ASCII as is), '
-'numbers as PostgreSQL prints a jsonb number (1.50 stays 1.50, 1e2 is 100, -0 is 0).';
+'numbers as PostgreSQL prints a jsonb number (1.50 stays 1.50, 1e2 is 100, -0 is 0). '
+'Nested deeper than the limit json_depth (64): O8008.';
 
 CREATE OR REPLACE FUNCTION orch8.sha256_hex(p_text text)
 RETURNS text
@@ -53,22 +75,29 @@ COMMENT ON FUNCTION orch8.sha256_hex(text) IS
 
 CREATE OR REPLACE FUNCTION orch8.uuid_from_digest(p_digest bytea)
 RETURNS uuid
-LANGUAGE sql
+LANGUAGE plpgsql
 IMMUTABLE
 STRICT
 PARALLEL SAFE
 AS $$
-    SELECT encode(
+BEGIN
+    IF length(p_digest) < 16 THEN
+        RAISE EXCEPTION 'a digest of % bytes is too short for a UUID (16 needed)',
+            length(p_digest)
+            USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'digest')::text;
+    END IF;
+    RETURN encode(
         set_byte(
             set_byte(substring(p_digest FROM 1 FOR 16), 6,
                      (get_byte(p_digest, 6) & 15) | 128),
             8, (get_byte(p_digest, 8) & 63) | 128),
-        'hex')::uuid
+        'hex')::uuid;
+END
 $$;
 
 COMMENT ON FUNCTION orch8.uuid_from_digest(bytea) IS
 'A UUID from the first 16 bytes of a digest, with byte 6 = (b & 0x0f) | 0x80 (version 8) '
-'and byte 8 = (b & 0x3f) | 0x80 (RFC 4122 variant).';
+'and byte 8 = (b & 0x3f) | 0x80 (RFC 4122 variant). Fewer than 16 bytes: O8008.';
 
 CREATE OR REPLACE FUNCTION orch8.deterministic_effect_id(
     p_continuity_id uuid,

@@ -50,7 +50,8 @@ $$;
 
 COMMENT ON FUNCTION orch8.clear_event_attribution() IS
 'Clears the transaction settings that attribute the next receipt event (actor, note, '
-'evidence), so a later direct write in the same transaction is credited to current_user.';
+'evidence), so a later direct write in the same transaction is credited to its caller '
+'(attributed_actor).';
 
 CREATE OR REPLACE FUNCTION orch8.ensure_effect_scope(p_tenant_id text, p_instance_id uuid)
 RETURNS orch8.continuity_executions
@@ -68,6 +69,7 @@ BEGIN
     IF found THEN
         RETURN v_scope;
     END IF;
+    PERFORM orch8.instance_state_of(p_tenant_id, p_instance_id);  -- O8007 when missing
     -- Both ids derive from the instance id, so concurrent callers insert the same row;
     -- the loser's insert waits for the winner and then does nothing.
     INSERT INTO orch8.continuity_executions AS c (
@@ -92,7 +94,8 @@ $$;
 
 COMMENT ON FUNCTION orch8.ensure_effect_scope(text, uuid) IS
 'The ledger scope (continuity execution) of an instance, created on first use with ids '
-'derived from the instance id (epoch 0); concurrent callers converge on one row.';
+'derived from the instance id (epoch 0); concurrent callers converge on one row. An '
+'instance that does not exist: O8007.';
 
 CREATE OR REPLACE FUNCTION orch8.find_unresolved_effect_receipt(
     p_tenant_id text,
@@ -359,6 +362,15 @@ BEGIN
         RAISE EXCEPTION 'declare an invariant for exactly one of an instance or a sequence'
             USING ERRCODE = 'O8005';
     END IF;
+    IF p_instance_id IS NOT NULL THEN
+        PERFORM orch8.instance_state_of(p_tenant_id, p_instance_id);  -- O8007 when missing
+    END IF;
+    IF p_sequence_id IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM orch8.sequences AS s
+         WHERE s.tenant_id = p_tenant_id AND s.id = p_sequence_id) THEN
+        RAISE EXCEPTION 'sequence % not found', p_sequence_id
+            USING ERRCODE = 'O8007', DETAIL = json_build_object('sequence_id', p_sequence_id)::text;
+    END IF;
     INSERT INTO orch8.workflow_invariants AS w (
         tenant_id, name, rule, commit_guard, instance_id, sequence_id, sequence_version
     ) VALUES (
@@ -373,7 +385,8 @@ COMMENT ON FUNCTION orch8.declare_invariant(text, text, jsonb, boolean, uuid, uu
 'Declare an invariant for one instance or for a sequence (one version or all). The one '
 'rule this engine enforces is {"type":"effect_at_most_once","kind":K} as a commit guard '
 '(p_commit_guard true); the other types of orch8.sequence_language() are not supported '
-'yet. Anything else, or commit_guard false: O8005.';
+'yet. Anything else, or commit_guard false: O8005; an instance or sequence that does not '
+'exist: O8007. The declaration is recorded in invariant_events.';
 
 CREATE OR REPLACE FUNCTION orch8.append_invariant_result(
     p_invariant orch8.workflow_invariants,
@@ -532,6 +545,7 @@ DECLARE
     v_kind text;
     v_id uuid;
     v_key text;
+    v_state orch8.instance_state;
 BEGIN
     IF p_handler IS NULL OR p_handler = '' THEN
         RAISE EXCEPTION 'begin_effect needs a handler name' USING ERRCODE = 'O8008';
@@ -542,6 +556,14 @@ BEGIN
     IF p_block_id IS NULL OR p_block_id = '' OR p_attempt IS NULL OR p_attempt < 0 THEN
         RAISE EXCEPTION 'begin_effect needs a block id and an attempt >= 0'
             USING ERRCODE = 'O8008';
+    END IF;
+    PERFORM orch8.require_size('params', 'params_bytes', octet_length(p_params::text));
+    v_state := orch8.instance_state_of(p_tenant_id, p_instance_id);
+    IF v_state IN ('completed', 'cancelled', 'failed') THEN
+        RAISE EXCEPTION 'instance % is %: it begins no effect', p_instance_id, v_state
+            USING ERRCODE = 'O8004',
+                  DETAIL = json_build_object('instance_id', p_instance_id,
+                                             'current_state', v_state)::text;
     END IF;
 
     IF orch8.step_idempotency_key_problem(p_params) IS NOT NULL THEN
@@ -619,8 +641,9 @@ COMMENT ON FUNCTION orch8.begin_effect(text, uuid, text, text, jsonb, integer) I
 'it to prepared, then to '
 'dispatched (plain CAS, or the guarded dispatch when a commit guard covers its kind). A '
 'receipt already past prepared gives blocked. Returns the outcome; never raises for them. '
-'An idempotency_key param over idempotency_key_bytes raises O8008 (field idempotency_key) '
-'before anything is written.';
+'An idempotency_key param over idempotency_key_bytes, or params over params_bytes, raise '
+'O8008 before anything is written; an unknown instance O8007, a completed, cancelled or '
+'failed one O8004.';
 
 CREATE OR REPLACE FUNCTION orch8.settle_effect(
     p_tenant_id text,
@@ -868,6 +891,7 @@ DECLARE
     v_row orch8.effect_receipts;
     v_evidence jsonb := coalesce(p_evidence, '{}');
 BEGIN
+    PERFORM orch8.require_tenant(p_tenant_id);  -- the web role acts in its sealed tenant
     IF p_actor IS NULL OR p_actor = '' THEN
         RAISE EXCEPTION 'resolve_effect needs an actor (who is resolving)'
             USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'actor')::text;
@@ -881,6 +905,8 @@ BEGIN
         RAISE EXCEPTION 'evidence must be a JSON object'
             USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'evidence')::text;
     END IF;
+    PERFORM orch8.require_size('evidence', 'evidence_bytes', octet_length(v_evidence::text)),
+            orch8.require_size('actor', 'actor_chars', char_length(p_actor));
     IF octet_length(p_provider_receipt_id) > orch8.limit_of('provider_receipt_id_bytes') THEN
         RAISE EXCEPTION 'provider_receipt_id is longer than % bytes',
             orch8.limit_of('provider_receipt_id_bytes')
@@ -958,8 +984,8 @@ COMMENT ON FUNCTION orch8.resolve_effect(
 'have produced: retry_instance completes the step with it. Written by record_resolution '
 '(history kept in evidence.resolutions, error cleared). Illegal move: O8004 with DETAIL '
 '{effect_id, current_state, allowed_states}; not found: O8007; missing expected state, '
-'empty evidence where needed, an output for another state, or a note, receipt id or '
-'output over its limit: O8008 with DETAIL {field}.';
+'empty evidence where needed, an output for another state, or a note, receipt id, '
+'evidence, actor or output over its limit: O8008 with DETAIL {field}.';
 
 -- security_invoker: the caller's row-level security applies through the view
 CREATE OR REPLACE VIEW orch8.unresolved_effects WITH (security_invoker = true) AS

@@ -1,6 +1,23 @@
 -- Repeatable: instances, lease-fenced claiming, block outputs and attempts.
 -- Every instance state change is a CAS against orch8.instance_can_transition and writes
--- an instance_transitions row; every runner write carries (instance, lease token).
+-- an instance_transitions row (the trigger task_instances_record_transition, from what
+-- attribute_transition set); every runner write carries (instance, lease token).
+
+CREATE OR REPLACE FUNCTION orch8.attribute_transition(p_actor text, p_reason text)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM orch8.require_size('actor', 'actor_chars', char_length(p_actor));
+    PERFORM set_config('orch8.transition_actor', coalesce(p_actor, ''), true),
+            set_config('orch8.transition_reason', coalesce(p_reason, ''), true);
+END
+$$;
+
+COMMENT ON FUNCTION orch8.attribute_transition(text, text) IS
+'Who moves the instance next, and why, for the row the trigger writes to '
+'instance_transitions (the actor as attributed_actor sees it). An actor over actor_chars: '
+'O8008.';
 
 CREATE OR REPLACE FUNCTION orch8.create_instance(
     p_tenant_id text,
@@ -23,6 +40,7 @@ DECLARE
         orch8.limit_of('context_bytes'));
     v_row orch8.task_instances;
 BEGIN
+    PERFORM orch8.require_tenant(p_tenant_id);  -- the web role acts in its sealed tenant
     IF octet_length(p_idempotency_key) NOT BETWEEN 1 AND orch8.limit_of('idempotency_key_bytes')
     THEN
         RAISE EXCEPTION 'idempotency key must be 1 to % bytes',
@@ -42,6 +60,13 @@ BEGIN
         RAISE EXCEPTION 'sequence % not found', p_sequence_id
             USING ERRCODE = 'O8007', DETAIL = json_build_object('sequence_id', p_sequence_id)::text;
     END IF;
+    IF p_parent_instance_id IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM orch8.task_instances AS t
+         WHERE t.tenant_id = p_tenant_id AND t.id = p_parent_instance_id) THEN
+        RAISE EXCEPTION 'parent instance % not found', p_parent_instance_id
+            USING ERRCODE = 'O8007',
+                  DETAIL = json_build_object('parent_instance_id', p_parent_instance_id)::text;
+    END IF;
     v_context := jsonb_build_object(
         'data', coalesce(p_data, '{}'), 'config', coalesce(p_config, '{}'), 'runtime', '{}'::jsonb);
     IF octet_length(v_context::text) > v_limit THEN
@@ -54,6 +79,7 @@ BEGIN
                          '(the limit is the setting orch8.max_context_bytes)';
     END IF;
 
+    PERFORM orch8.attribute_transition('create', NULL);
     INSERT INTO orch8.task_instances AS t (
         tenant_id, sequence_id, sequence_version, context, next_fire_at, priority,
         parent_instance_id, idempotency_key
@@ -71,8 +97,6 @@ BEGIN
         RETURN QUERY SELECT v_row.id, v_row.state, true;
         RETURN;
     END IF;
-    INSERT INTO orch8.instance_transitions (tenant_id, instance_id, from_state, to_state, actor)
-    VALUES (p_tenant_id, v_row.id, NULL, 'scheduled', 'create');
     PERFORM pg_notify('orch8_work', '');
     RETURN QUERY SELECT v_row.id, v_row.state, false;
 END
@@ -153,6 +177,7 @@ BEGIN
             USING ERRCODE = 'O8008';
     END IF;
     PERFORM orch8.reclaim_expired_leases(p_batch);
+    PERFORM orch8.attribute_transition(p_worker_id, NULL);
     RETURN QUERY
     WITH due AS (
         SELECT t.tenant_id, t.id
@@ -169,12 +194,6 @@ BEGIN
         FROM due AS d
         WHERE t.tenant_id = d.tenant_id AND t.id = d.id AND t.state = 'scheduled'
         RETURNING t.*
-    ),
-    audit AS (
-        INSERT INTO orch8.instance_transitions (
-            tenant_id, instance_id, from_state, to_state, actor
-        )
-        SELECT c.tenant_id, c.id, 'scheduled', 'running', p_worker_id FROM claimed AS c
     )
     SELECT * FROM claimed;
 END
@@ -267,6 +286,7 @@ BEGIN
         RAISE EXCEPTION 'instance % moves to running only by a claim', p_instance_id
             USING ERRCODE = 'O8004', HINT = 'orch8.claim_due_instances';
     END IF;
+    PERFORM orch8.attribute_transition(p_actor, p_reason);
     UPDATE orch8.task_instances AS t
     SET state = p_next,
         updated_at = orch8.now(),
@@ -283,9 +303,6 @@ BEGIN
     IF NOT found THEN
         RETURN false;
     END IF;
-    INSERT INTO orch8.instance_transitions (
-        tenant_id, instance_id, from_state, to_state, actor, reason
-    ) VALUES (p_tenant_id, p_instance_id, p_expected, p_next, p_actor, p_reason);
     IF p_next IN ('completed', 'failed', 'cancelled') THEN
         -- a child that ends wakes its parent if the parent waits for it
         PERFORM orch8.transition_instance(
@@ -375,22 +392,60 @@ CREATE OR REPLACE FUNCTION orch8.record_block_output(
     p_lease_token uuid
 )
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
+BEGIN
+    IF p_effect_id IS NOT NULL THEN
+        PERFORM orch8.require_own_receipt(p_tenant_id, p_effect_id, p_instance_id, p_block_id,
+                                          NULL);
+    END IF;
     INSERT INTO orch8.block_outputs (
         tenant_id, instance_id, block_id, attempt, sentinel, output, retryable, effect_id,
         lease_token
     ) VALUES (
         p_tenant_id, p_instance_id, p_block_id, p_attempt, p_sentinel, p_output, p_retryable,
         p_effect_id, p_lease_token
-    )
+    );
+END
 $$;
 
 COMMENT ON FUNCTION orch8.record_block_output(
     text, uuid, text, integer, text, jsonb, boolean, uuid, uuid
 ) IS
 'The one INSERT into block_outputs (internal helper: callers check the lease first). '
-'lease_token is the claim that wrote the row, NULL for an operator''s retry.';
+'lease_token is the claim that wrote the row, NULL for an operator''s retry. An effect id '
+'must name a receipt of this instance and block (require_own_receipt, O8009).';
+
+CREATE OR REPLACE FUNCTION orch8.require_own_receipt(
+    p_tenant_id text, p_effect_id uuid, p_instance_id uuid, p_block_id text, p_attempt integer
+)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+AS $$
+DECLARE
+    v_row orch8.effect_receipts;
+BEGIN
+    SELECT * INTO v_row FROM orch8.effect_receipts AS r
+     WHERE r.tenant_id = p_tenant_id AND r.id = p_effect_id;
+    IF v_row.id IS NULL OR v_row.instance_id <> p_instance_id
+       OR v_row.block_id <> p_block_id OR v_row.attempt <> coalesce(p_attempt, v_row.attempt)
+    THEN
+        RAISE EXCEPTION '%', format('receipt %s is not a receipt of instance %s, block %s%s',
+            p_effect_id, p_instance_id, p_block_id, ', attempt ' || p_attempt)
+            USING ERRCODE = 'O8009',
+                  DETAIL = json_build_object('effect_id', p_effect_id,
+                                             'instance_id', p_instance_id,
+                                             'block_id', p_block_id,
+                                             'attempt', p_attempt)::text;
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.require_own_receipt(text, uuid, uuid, text, integer) IS
+'O8009 unless the receipt exists in the tenant and belongs to the instance, block and '
+'(when given) attempt: a caller holding one instance''s lease cannot settle or cite '
+'another''s receipt.';
 
 CREATE OR REPLACE FUNCTION orch8.append_block_output(
     p_tenant_id text,

@@ -791,6 +791,11 @@ BEGIN
         RETURN QUERY SELECT '$', 'a sequence definition must be a JSON object';
         RETURN;
     END IF;
+    IF octet_length(p_definition::text) > orch8.limit_of('definition_bytes') THEN
+        RETURN QUERY SELECT '$', format('the definition is %s bytes, over the limit of %s',
+            octet_length(p_definition::text), orch8.limit_of('definition_bytes'));
+        RETURN;
+    END IF;
     RETURN QUERY SELECT * FROM orch8.sequence_top_problems(p_definition);
     IF jsonb_typeof(p_definition -> 'blocks') = 'array'
        AND jsonb_array_length(p_definition -> 'blocks') <= orch8.limit_of('sequence_blocks') THEN
@@ -814,7 +819,8 @@ COMMENT ON FUNCTION orch8.validate_sequence(jsonb) IS
 'JSON-path-like ($.blocks[1].retry.max_attempts). No rows: the definition is valid. The '
 'language is orch8.sequence_language(): a field it knows but this engine does not run is '
 'refused as not supported yet. Rows come in document order: the top level, each block, '
-'duplicate block ids, then the invariants.';
+'duplicate block ids, then the invariants. A definition over definition_bytes is one '
+'problem at $ (nothing else is checked).';
 
 CREATE OR REPLACE FUNCTION orch8.create_sequence(
     p_tenant_id text,
@@ -831,6 +837,7 @@ DECLARE
     v_row orch8.sequences;
     v_invariant jsonb;
 BEGIN
+    PERFORM orch8.require_tenant(p_tenant_id);  -- the web role acts in its sealed tenant
     PERFORM orch8.require_domain(p_tenant_id, 'orch8.identifier', 'tenant id'),
             orch8.require_domain(p_namespace, 'orch8.identifier', 'sequence namespace'),
             orch8.require_domain(p_name, 'orch8.sequence_name', 'sequence name');

@@ -286,6 +286,10 @@ BEGIN
             coalesce(p_result, 'NULL')
             USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'result')::text;
     END IF;
+    IF p_retry_in < interval '0' THEN
+        RAISE EXCEPTION 'finish_step retry_in must not be negative, got %', p_retry_in
+            USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'retry_in')::text;
+    END IF;
     -- Already finished by this very claim (the answer was lost with the connection)?
     IF EXISTS (
         SELECT 1 FROM orch8.block_outputs AS o
@@ -305,6 +309,8 @@ BEGIN
     v_inst := orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
 
     IF p_effect_id IS NOT NULL THEN
+        PERFORM orch8.require_own_receipt(p_tenant_id, p_effect_id, p_instance_id, p_block_id,
+                                          p_attempt);
         v_settled := CASE p_result
             WHEN 'ok' THEN orch8.commit_effect(p_tenant_id, p_effect_id, p_output)
             WHEN 'error' THEN orch8.mark_effect_unknown(p_tenant_id, p_effect_id, p_error)

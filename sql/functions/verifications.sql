@@ -113,6 +113,7 @@ RETURNS TABLE (effect_id uuid, outcome text)
 LANGUAGE plpgsql
 AS $$
 BEGIN
+    PERFORM orch8.require_tenant(p_tenant_id);  -- the web role acts in its sealed tenant
     IF (p_effect_ids IS NULL) = (NOT coalesce(p_superseded, false)) THEN
         RAISE EXCEPTION 'name the receipts to verify, or ask for every superseded one'
             USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'effect_ids')::text;

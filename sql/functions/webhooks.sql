@@ -21,6 +21,7 @@ DECLARE
     v_unknown text[];
     v_id uuid;
 BEGIN
+    PERFORM orch8.require_tenant(p_tenant_id);  -- the web role acts in its sealed tenant
     IF p_tenant_id IS NULL OR p_tenant_id = '' THEN
         RAISE EXCEPTION 'a webhook subscription needs a tenant' USING ERRCODE = 'O8008';
     END IF;
@@ -216,6 +217,7 @@ AS $$
 DECLARE
     v_state text;
 BEGIN
+    PERFORM orch8.require_tenant(p_tenant_id);  -- the web role acts in its sealed tenant
     SELECT o.state INTO v_state FROM orch8.webhook_outbox AS o
      WHERE o.tenant_id = p_tenant_id AND o.id = p_id
      FOR UPDATE;
@@ -248,6 +250,7 @@ AS $$
 DECLARE
     v_state text;
 BEGIN
+    PERFORM orch8.require_tenant(p_tenant_id);  -- the web role acts in its sealed tenant
     SELECT o.state INTO v_state FROM orch8.webhook_outbox AS o
      WHERE o.tenant_id = p_tenant_id AND o.id = p_id
      FOR UPDATE;
@@ -288,6 +291,7 @@ AS $$
 DECLARE
     v_was boolean;
 BEGIN
+    PERFORM orch8.require_tenant(p_tenant_id);  -- the web role acts in its sealed tenant
     IF p_enabled IS NULL THEN
         RAISE EXCEPTION 'set_webhook_subscription_enabled needs enabled true or false'
             USING ERRCODE = 'O8008';

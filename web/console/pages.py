@@ -41,7 +41,10 @@ def page(template: str, conn: Conn, status: int = 200, **ctx: Any) -> tuple[str,
 
 
 def _error_page(status: int, title: str, message: str) -> tuple[str, int]:
-    user = current_user()
+    try:
+        user = current_user()
+    except (PoolTimeout, psycopg.Error):  # the database is what failed: no one to show
+        user = None
     if user is not None:
         g.role = user["role"]
     return render_template(

@@ -6,18 +6,14 @@ from __future__ import annotations
 import functools
 import hmac
 import secrets
-import time
-import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
-import psycopg
 from flask import Response, abort, g, redirect, request, session, url_for
 from flask.typing import ResponseReturnValue
-from psycopg_pool import PoolTimeout
 
-from orch8_py import sqlapi
+from orch8_py import apikeys, sqlapi
 
 from ..db import pool
 from .blueprint import bp
@@ -25,6 +21,9 @@ from .blueprint import bp
 SESSION_KEY = "console"
 CSRF_KEY = "console_csrf"
 SESSION_MAX_AGE = 12 * 3600  # seconds after login before the console asks for the key again
+# In the cookie's SESSION_KEY: the session token, whose SHA-256 names the server-side
+# session (orch8.console_sessions), and an admin's chosen tenant (ACTING).
+TOKEN = "token"
 
 CONSOLE_ROLES = ("operator", "auditor", "admin")
 WRITE_ROLES = ("operator", "admin")
@@ -32,7 +31,8 @@ WRITE_ROLES = ("operator", "admin")
 ACTING = "acting"
 
 
-# what the session keeps of who logged in: tenant, role, key_id, name, at (, acting)
+# who is logged in, from the server-side session: tenant, role, key_id, name, token_hash
+# (, acting: from the cookie)
 User = dict[str, Any]
 F = TypeVar("F", bound=Callable[..., ResponseReturnValue])
 
@@ -45,21 +45,35 @@ def csrf_token() -> str:
 
 
 def current_user() -> User | None:
-    user = session.get(SESSION_KEY)
-    if not isinstance(user, dict):
+    """Who the cookie's session belongs to, read from the database on every request: a
+    logout, the session's expiry, or its key's revocation or expiry end it at once, for
+    every copy of the cookie. Read once per request (kept in ``g``). A database outage
+    raises (the page reports it)."""
+    if "console_user" in g:
+        return cast(User | None, g.console_user)
+    g.console_user = _read_user()
+    return cast(User | None, g.console_user)
+
+
+def _read_user() -> User | None:
+    cookie = session.get(SESSION_KEY)
+    if not isinstance(cookie, dict) or not isinstance(cookie.get(TOKEN), str):
         return None
-    if time.time() - float(user.get("at", 0)) > SESSION_MAX_AGE:
+    token_hash = apikeys.key_hash(cookie[TOKEN])
+    with pool().connection() as conn:
+        found = sqlapi.keys.console_session(conn, token_hash=token_hash)
+    if found is None:
         session.pop(SESSION_KEY, None)
         return None
-    # a revoked key ends its sessions at once
-    try:
-        with pool().connection() as conn:
-            active = sqlapi.keys.api_key_active(conn, key_id=uuid.UUID(str(user["key_id"])))
-    except (PoolTimeout, psycopg.OperationalError):
-        return user  # cannot check now; the page itself will report the outage
-    if not active:
-        session.pop(SESSION_KEY, None)
-        return None
+    user: User = {
+        "tenant": found.tenant_id,
+        "role": found.role,
+        "key_id": str(found.key_id),
+        "name": found.name,
+        "token_hash": token_hash,
+    }
+    if cookie.get(ACTING):
+        user[ACTING] = cookie[ACTING]
     return user
 
 
@@ -100,6 +114,7 @@ def login_required(view: F) -> F:
         g.key_id = user["key_id"]
         g.user_name = user["name"]
         g.actor = f"key:{user['name']}"
+        g.credential = ("console_session", user["token_hash"])
         return view(*args, **kwargs)
 
     return cast(F, wrapped)

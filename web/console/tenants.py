@@ -17,7 +17,7 @@ from psycopg_pool import PoolTimeout
 from orch8_py import sqlapi
 
 from ..auth import TENANT_RE, TENANT_RULE
-from ..db import pool
+from ..db import tenant_tx
 from .blueprint import bp, log
 from .session import ACTING, SESSION_KEY, login_required
 
@@ -29,12 +29,10 @@ def known_tenants() -> list[str] | None:
     """The tenants that have sequences or instances, for an admin's datalist (None when
     they cannot be read).
 
-    ``orch8_web`` cannot list them: row-level security shows it one tenant's rows. This
-    reads with the pool's login role, the one ``/metrics`` reads across tenants with (the
-    schema owner by default, which RLS does not restrict), in a read-only transaction that
-    selects tenant ids and nothing else, and only for an admin, who may act for any tenant
-    anyway. A login role that cannot read across tenants gets an empty list (RLS) or an
-    error (no grant): the form then offers the free-text field alone."""
+    ``orch8_web`` cannot list them itself: row-level security shows it one tenant's rows.
+    orch8.known_tenants reads tenant ids (nothing else) across tenants, for a transaction
+    sealed with an admin key, who may act for any tenant anyway. When it cannot answer the
+    form offers the free-text field alone."""
     if g.get("role") != "admin":
         return None
     if "console_known_tenants" in g:
@@ -42,7 +40,7 @@ def known_tenants() -> list[str] | None:
         return known
     tenants: list[str] | None = None
     try:
-        with pool().connection() as conn:
+        with tenant_tx() as conn:
             tenants = sqlapi.tenancy.known_tenants(conn, limit=KNOWN_LIMIT, timeout=KNOWN_TIMEOUT)
     except (psycopg.Error, PoolTimeout) as exc:
         log.warning("event=console.tenant_list_unavailable error=%r", str(exc)[:200])
@@ -76,22 +74,22 @@ def switch_tenant() -> ResponseReturnValue:
     problem = tenant_problem(asked)
     if problem:
         abort(422, f"Tenant not switched: {problem}")
-    user = dict(session[SESSION_KEY])  # login_required has checked it
+    cookie = dict(session[SESSION_KEY])  # login_required has checked it
     before = g.tenant
-    if asked == user["tenant"]:
-        user.pop(ACTING, None)
+    if asked == g.home_tenant:
+        cookie.pop(ACTING, None)
         flash(f"Back in your key's own tenant {asked}.", "ok")
     else:
-        user[ACTING] = asked
+        cookie[ACTING] = asked
         known = known_tenants()
         note = "" if known is None or asked in known else " It has no sequences or instances yet."
         flash(f"Now acting for tenant {asked}.{note}", "ok")
-    session[SESSION_KEY] = user
+    session[SESSION_KEY] = cookie
     log.info(
         "event=console.tenant_switch key_id=%s actor=%s home=%s from=%s to=%s",
         g.key_id,
         g.actor,
-        user["tenant"],
+        g.home_tenant,
         before,
         asked,
     )
