@@ -6,6 +6,7 @@ from typing import Any
 
 import psycopg
 from psycopg import conninfo
+from psycopg_pool import PoolTimeout
 
 from .errors import ConfigError, DatabaseUnavailable
 
@@ -34,6 +35,24 @@ def validate_url(url: str, source: str = "ORCH8_DATABASE_URL") -> dict[str, Any]
     return params
 
 
+# What a loop treats as "the database went away": reconnect and resume. A server that
+# answers read-only (25006: a standby, or a primary demoted by a failover) is as gone as
+# one that does not answer; its connection must be dropped, not reused.
+CONNECTION_LOST: tuple[type[Exception], ...] = (
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    psycopg.errors.ReadOnlySqlTransaction,
+    PoolTimeout,
+)
+
+
+def drop_if_read_only(conn: psycopg.Connection[Any], exc: BaseException) -> None:
+    """Close a connection that reached a read-only server, so a pool discards it instead
+    of handing it out again."""
+    if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction) and not conn.closed:
+        conn.close()
+
+
 # The least-privilege roles of migration 0010 (docs/SECURITY.md): what the runner and the
 # operator service act as, whatever login their URL names.
 RUNNER_ROLE = "orch8_runner"
@@ -51,15 +70,21 @@ def as_role(url: str, role: str) -> str:
 
 
 def describe(url: str) -> str:
-    """Where a URL points, without its password, for messages."""
+    """Where a URL points, without its password, for messages. A multi-host URL (an HA
+    cluster) shows each host:port: ``10.0.0.1:5432,10.0.0.2:5433/orch8``."""
     try:
         parts = conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError:
         return "<invalid url>"
-    host = str(parts.get("host") or "localhost")
-    port = str(parts.get("port") or "5432")
-    where = host if host.startswith("/") else f"{host}:{port}"
-    return f"{where}/{parts.get('dbname') or parts.get('user') or ''}"
+    hosts = str(parts.get("host") or "localhost").split(",")
+    ports = str(parts.get("port") or "5432").split(",")
+    if len(ports) == 1:
+        ports = ports * len(hosts)
+    places = [
+        h if h.startswith("/") else f"{h or 'localhost'}:{p or '5432'}"
+        for h, p in zip(hosts, ports + [""] * (len(hosts) - len(ports)), strict=False)
+    ]
+    return f"{','.join(places)}/{parts.get('dbname') or parts.get('user') or ''}"
 
 
 def connect(url: str, **kwargs: Any) -> psycopg.Connection[Any]:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
+from psycopg_pool import ConnectionPool, PoolClosed
 
 from . import db, metrics, sqlapi
 from . import handlers as registry
@@ -46,7 +46,7 @@ log = logging.getLogger("orch8.runner")
 
 MAX_BACKOFF = 5.0
 DEFAULT_STEP_TIMEOUT = 300.0
-CONNECTION_ERRORS = (psycopg.OperationalError, PoolTimeout)
+CONNECTION_ERRORS = db.CONNECTION_LOST
 T = TypeVar("T")
 
 
@@ -100,6 +100,7 @@ class Runner:
         self.wake = threading.Event()
         self.draining = threading.Event()
         self.stranded = 0  # steps still running when the grace period ended
+        self.failure: str | None = None  # why run() ended on an unexpected error
         self.inflight: dict[uuid.UUID, Claimed] = {}  # lease token -> claimed instance
         self.lock = threading.Lock()
         self.definitions: dict[tuple[str, uuid.UUID], dict[str, Any]] = {}
@@ -121,7 +122,11 @@ class Runner:
         with self.pool.connection() as conn:
             with self.lock:
                 self.round_trips += 1
-            return fn(conn)
+            try:
+                return fn(conn)
+            except CONNECTION_ERRORS as exc:
+                db.drop_if_read_only(conn, exc)  # a standby now: the pool must not reuse it
+                raise
 
     def _call_until_done(self, fn: Callable[[Conn], T], stop_at: float | None = None) -> T:
         """Repeat a call across connection loss. begin_step and finish_step are safe to
@@ -173,6 +178,20 @@ class Runner:
     # --- the loops ------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
+        """Claim and run instances until ``stop`` is set. An error no loop expects ends the
+        runner (``failure`` says why, for ``orch8 run`` to exit non-zero) instead of leaving
+        a process that looks alive and does nothing."""
+        try:
+            self._run(stop)
+        except Exception as exc:
+            first_line = (str(exc).strip().splitlines() or [""])[0]
+            self.failure = f"{type(exc).__name__}: {first_line}".rstrip(": ")
+            log.error("event=runner.failed error=%r", self.failure)
+            stop.set()
+            self.handler_pool.shutdown(wait=False, cancel_futures=True)
+            self.pool.close()
+
+    def _run(self, stop: threading.Event) -> None:
         s = self.settings
         log.info(
             "event=runner.start worker=%s concurrency=%d lease=%gs heartbeat=%gs",

@@ -7,8 +7,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
-from . import config, db, migrate
+from . import config, db, migrate, sqlapi
 from .embedded import EmbeddedPostgres
+from .errors import ConfigError
 
 
 def say(msg: str) -> None:
@@ -44,6 +45,18 @@ def service_database(settings: config.Settings, role_url: str | None, source: st
         return
     with database(settings) as url:
         yield url
+
+
+def require_primary(url: str) -> None:
+    """orch8 writes on every step: refuse a standby with one line, before anything starts
+    (its schema check would pass, and the first claim would fail read-only)."""
+    with db.connect(url, autocommit=True) as conn:
+        standby = sqlapi.server.in_recovery(conn)
+    if standby:
+        raise ConfigError(
+            f"{db.describe(url)} is a standby (in recovery) and refuses writes: point the URL "
+            "at the primary, or list every node and add target_session_attrs=read-write"
+        )
 
 
 def run_migrations(url: str, progress: Callable[[str], None] = say) -> None:

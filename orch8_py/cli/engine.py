@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING
 from .. import config, db, metrics, migrate, sqlapi
 from ..runner import Runner
 from ..runner import Settings as RunnerSettings
-from ..startup import check_schema, database, run_migrations, say, service_database
+from ..startup import (
+    check_schema,
+    database,
+    require_primary,
+    run_migrations,
+    say,
+    service_database,
+)
 from .common import import_flag, import_handler_modules
 
 if TYPE_CHECKING:
@@ -76,6 +83,16 @@ def exit_now_if_stranded(runner: Runner) -> None:
         os._exit(0)
 
 
+def exit_now_if_failed(runner: Runner) -> None:
+    """A runner that ended on an unexpected error (a role without the rights it needs, a
+    bug) ends the process with one line and a non-zero status: a supervisor restarts it
+    or a person reads why, instead of a process that looks alive and does nothing."""
+    if runner.failure:
+        print(f"orch8: error: the runner stopped: {runner.failure}", file=sys.stderr, flush=True)
+        logging.shutdown()
+        os._exit(1)
+
+
 def first_start_key(url: str, settings: config.Settings) -> None:
     """On the first start (no API key at all), create an operator key for the default
     tenant, print it once and keep a copy readable only by this user."""
@@ -102,6 +119,7 @@ def first_start_key(url: str, settings: config.Settings) -> None:
 def cmd_up(args: argparse.Namespace, settings: config.Settings) -> int:
     import_handler_modules(args.imports)
     with database(settings) as url:
+        require_primary(url)
         run_migrations(url)
         first_start_key(url, settings)
         server = make_server(settings.web_database_url or url, args.host, args.port)
@@ -123,6 +141,7 @@ def cmd_up(args: argparse.Namespace, settings: config.Settings) -> int:
             for t in threads:
                 t.join(timeout=10)
         say("orch8: stopped")
+    exit_now_if_failed(runner)
     exit_now_if_stranded(runner)
     return 0
 
@@ -131,6 +150,7 @@ def cmd_run(args: argparse.Namespace, settings: config.Settings) -> int:
     import_handler_modules(args.imports)
     runner_url = settings.runner_database_url
     with service_database(settings, runner_url, "ORCH8_RUNNER_DATABASE_URL") as url:
+        require_primary(url)
         check_schema(url)
         exporter = metrics.serve_from_env()
         stop = threading.Event()
@@ -147,6 +167,7 @@ def cmd_run(args: argparse.Namespace, settings: config.Settings) -> int:
         finally:
             stop.set()
             t.join()
+    exit_now_if_failed(runner)
     exit_now_if_stranded(runner)
     return 0
 
@@ -154,6 +175,7 @@ def cmd_run(args: argparse.Namespace, settings: config.Settings) -> int:
 def cmd_serve(args: argparse.Namespace, settings: config.Settings) -> int:
     web_url = settings.web_database_url
     with service_database(settings, web_url, "ORCH8_WEB_DATABASE_URL") as url:
+        require_primary(url)
         check_schema(url)
         server = make_server(url, args.host, args.port, threads=args.threads)
         say(f"orch8: operator service on http://{args.host}:{args.port}/")
@@ -170,6 +192,7 @@ def cmd_serve(args: argparse.Namespace, settings: config.Settings) -> int:
 
 def cmd_db_migrate(args: argparse.Namespace, settings: config.Settings) -> int:
     with database(settings) as url:
+        require_primary(url)
         run_migrations(url)
     return 0
 

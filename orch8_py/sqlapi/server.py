@@ -45,3 +45,9 @@ def runners_listening(conn: Conn) -> int:
         {"q": f"LISTEN {WORK_CHANNEL}"},
     )
     return n
+
+
+def in_recovery(conn: Conn) -> bool:
+    """Whether the server is a standby (in recovery): it answers reads, refuses writes."""
+    standby: bool = value(conn, "SELECT pg_is_in_recovery()")
+    return standby

