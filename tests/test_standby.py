@@ -158,3 +158,30 @@ def test_multi_host_urls_print_readably():
     assert db.describe(url) == "10.0.0.1:5441,10.0.0.2:5442,10.0.0.3:5443/orch8"
     assert db.describe("postgresql://u:secret@a,b/orch8") == "a:5432,b:5432/orch8"
     assert "secret" not in db.describe(url)
+
+
+def test_the_service_answers_503_on_a_standby_and_drops_that_connection(pair):
+    """The operator service behind a URL that now reaches a standby: a request that must
+    write (the key check records its use) is a 503 problem, not a 500, and the pool does
+    not keep the read-only connection."""
+    from orch8_py import apikeys
+    from web import create_app
+
+    with psycopg.connect(pair.primary_url, autocommit=True) as conn:
+        _, secret = apikeys.create(conn, "t1", "operator", "ops")
+    pair.make_standby()
+    with psycopg.connect(pair.standby_url, autocommit=True) as conn:
+        deadline = time.monotonic() + 30
+        while conn.execute("SELECT count(*) FROM orch8.api_keys").fetchone()[0] < 1:
+            assert time.monotonic() < deadline, "the standby did not catch up"
+            time.sleep(0.05)
+    app = create_app(pair.standby_url, secret_key="s")
+    try:
+        answer = app.test_client().get(
+            "/api/v1/instances", headers={"Authorization": f"Bearer {secret}"}
+        )
+        assert answer.status_code == 503, answer.text
+        assert answer.get_json()["error"] == "database unavailable"
+        assert app.extensions["orch8.pool"].get_stats().get("returns_bad", 0) >= 1
+    finally:
+        app.extensions["orch8.pool"].close()

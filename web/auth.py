@@ -20,7 +20,7 @@ from flask import g, request
 
 from orch8_py import apikeys, rules, sqlapi
 
-from .db import pool
+from .db import connection
 from .problems import Problem
 
 # tenant ids are orch8.identifier values (matched in full: a trailing newline cannot pass)
@@ -38,7 +38,7 @@ def presented_key() -> str | None:
 
 
 def authenticate(secret: str) -> sqlapi.keys.Principal | None:
-    with pool().connection() as conn:
+    with connection() as conn:
         return sqlapi.keys.authenticate_api_key(conn, key_hash=apikeys.key_hash(secret))
 
 

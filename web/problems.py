@@ -201,6 +201,7 @@ def install(app: Flask) -> None:
 
     @app.errorhandler(PoolTimeout)
     @app.errorhandler(psycopg.OperationalError)
+    @app.errorhandler(psycopg.errors.ReadOnlySqlTransaction)  # a standby, after a failover
     def _unavailable(exc: Exception) -> Response:
         log.warning("event=web.db_unavailable error=%r", str(exc)[:200])
         return Problem(503, "database unavailable", "try again shortly").response()

@@ -11,7 +11,7 @@ from flask.typing import ResponseReturnValue
 from orch8_py import apikeys, sqlapi
 
 from ..auth import authenticate
-from ..db import pool
+from ..db import connection
 from .blueprint import bp, log
 from .session import (
     CONSOLE_ROLES,
@@ -52,7 +52,7 @@ def login() -> ResponseReturnValue:
     # The cookie carries a random token; the server keeps its hash, so logging out (or
     # revoking the key) ends the session for every copy of the cookie.
     token = secrets.token_urlsafe(32)
-    with pool().connection() as conn:
+    with connection() as conn:
         opened = sqlapi.keys.open_console_session(
             conn,
             key_hash=apikeys.key_hash(secret),
@@ -79,7 +79,7 @@ def logout() -> ResponseReturnValue:
     cookie = session.get(SESSION_KEY)
     if isinstance(cookie, dict) and isinstance(cookie.get(TOKEN), str):
         # ended in the database first: a copy of this cookie must not outlive the logout
-        with pool().connection() as conn:
+        with connection() as conn:
             sqlapi.keys.end_console_session(conn, token_hash=apikeys.key_hash(cookie[TOKEN]))
     session.clear()
     flash("Logged out.", "ok")

@@ -67,6 +67,7 @@ def _engine_not_found(exc: Exception) -> ResponseReturnValue:
 
 @bp.errorhandler(PoolTimeout)
 @bp.errorhandler(psycopg.OperationalError)
+@bp.errorhandler(psycopg.errors.ReadOnlySqlTransaction)  # a standby, after a failover
 def _unavailable(exc: Exception) -> ResponseReturnValue:
     log.warning("event=console.db_unavailable error=%r", str(exc)[:200])
     return _error_page(503, "Database unavailable", "The database cannot be reached. Try again.")

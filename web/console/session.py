@@ -15,7 +15,7 @@ from flask.typing import ResponseReturnValue
 
 from orch8_py import apikeys, sqlapi
 
-from ..db import pool
+from ..db import connection
 from .blueprint import bp
 
 SESSION_KEY = "console"
@@ -60,7 +60,7 @@ def _read_user() -> User | None:
     if not isinstance(cookie, dict) or not isinstance(cookie.get(TOKEN), str):
         return None
     token_hash = apikeys.key_hash(cookie[TOKEN])
-    with pool().connection() as conn:
+    with connection() as conn:
         found = sqlapi.keys.console_session(conn, token_hash=token_hash)
     if found is None:
         session.pop(SESSION_KEY, None)
