@@ -185,3 +185,35 @@ def test_the_service_answers_503_on_a_standby_and_drops_that_connection(pair):
         assert app.extensions["orch8.pool"].get_stats().get("returns_bad", 0) >= 1
     finally:
         app.extensions["orch8.pool"].close()
+
+
+def test_a_receipt_lost_with_the_primary_fails_the_step_and_is_not_sent_again(conn):
+    """Asynchronous replication can lose begin_step's transaction with the primary: the
+    new primary has neither the receipt nor the sentinel. Reproduced by removing them as
+    a superuser with triggers skipped. finish_step must not refuse (O8009) or resend: it
+    fails the step on the missing receipt, as it always did (recording the lost receipt
+    is not built yet, docs/HA.md)."""
+    seq = make_sequence(conn, [{"type": "step", "id": "charge", "handler": "test.ha.charge"}])
+    instance = start(conn, seq)
+    token = conn.execute(
+        "SELECT lease_token FROM orch8.claim_due_instances('w1', 1, '30 seconds')"
+    ).fetchone()[0]
+    effect_id = conn.execute(
+        "SELECT effect_id FROM orch8.begin_step('t1', %s, %s, 'charge', 'test.ha.charge', '{}', 0)",
+        (instance, token),
+    ).fetchone()[0]
+    with conn.transaction():
+        conn.execute("SET LOCAL session_replication_role = replica")
+        conn.execute("DELETE FROM orch8.effect_receipt_events WHERE receipt_id = %s", (effect_id,))
+        conn.execute("DELETE FROM orch8.block_outputs WHERE instance_id = %s", (instance,))
+        conn.execute("DELETE FROM orch8.effect_receipts WHERE id = %s", (effect_id,))
+    state = conn.execute(
+        "SELECT state::text FROM orch8.finish_step('t1', %s, %s, 'charge', 0, %s, 'ok',"
+        ' \'{"receipt_id": "ch_1"}\')',
+        (instance, token, effect_id),
+    ).fetchone()[0]
+    assert state == "failed"
+    error = conn.execute(
+        "SELECT error FROM orch8.task_instances WHERE id = %s", (instance,)
+    ).fetchone()[0]
+    assert "EffectBlocked" in error

@@ -428,8 +428,11 @@ DECLARE
 BEGIN
     SELECT * INTO v_row FROM orch8.effect_receipts AS r
      WHERE r.tenant_id = p_tenant_id AND r.id = p_effect_id;
-    IF v_row.id IS NULL OR v_row.instance_id <> p_instance_id
-       OR v_row.block_id <> p_block_id OR v_row.attempt <> coalesce(p_attempt, v_row.attempt)
+    -- A receipt that does not exist is no one's: finish_step fails the step on it as
+    -- before (a write lost by a failover must not become a reason to send again).
+    IF v_row.id IS NOT NULL AND (
+        v_row.instance_id <> p_instance_id OR v_row.block_id <> p_block_id
+        OR v_row.attempt <> coalesce(p_attempt, v_row.attempt))
     THEN
         RAISE EXCEPTION '%', format('receipt %s is not a receipt of instance %s, block %s%s',
             p_effect_id, p_instance_id, p_block_id, ', attempt ' || p_attempt)
@@ -443,9 +446,10 @@ END
 $$;
 
 COMMENT ON FUNCTION orch8.require_own_receipt(text, uuid, uuid, text, integer) IS
-'O8009 unless the receipt exists in the tenant and belongs to the instance, block and '
-'(when given) attempt: a caller holding one instance''s lease cannot settle or cite '
-'another''s receipt.';
+'O8009 when the receipt belongs to another instance, block or (when given) attempt: a '
+'caller holding one instance''s lease cannot settle or cite another''s receipt. A receipt '
+'that does not exist (lost with a failed primary) passes; the caller''s CAS then finds '
+'nothing and fails the step.';
 
 CREATE OR REPLACE FUNCTION orch8.append_block_output(
     p_tenant_id text,
