@@ -49,14 +49,31 @@ def service_database(settings: config.Settings, role_url: str | None, source: st
 
 def require_primary(url: str) -> None:
     """orch8 writes on every step: refuse a standby with one line, before anything starts
-    (its schema check would pass, and the first claim would fail read-only)."""
+    (its schema check would pass, and the first claim would fail read-only). Warn when
+    standbys replicate asynchronously: a failover can then lose a receipt."""
     with db.connect(url, autocommit=True) as conn:
-        standby = sqlapi.server.in_recovery(conn)
-    if standby:
+        rep = sqlapi.server.replication(conn)
+    if rep.standby:
         raise ConfigError(
             f"{db.describe(url)} is a standby (in recovery) and refuses writes: point the URL "
             "at the primary, or list every node and add target_session_attrs=read-write"
         )
+    if rep.standbys and not rep.synchronous:
+        say(f"orch8: warning: {describe_replication(rep)}")
+
+
+def describe_replication(rep: sqlapi.server.Replication) -> str:
+    """The server's role in one line, for `orch8 db status` and the start-up warning."""
+    if rep.standby:
+        return "standby (in recovery): refuses writes"
+    if not rep.standbys:
+        return "primary, no standby streaming from it"
+    if rep.synchronous:
+        return f"primary, {rep.standbys} standby(s), synchronous commit"
+    return (
+        f"primary, {rep.standbys} standby(s) replicating asynchronously: a failover can "
+        "lose the last commits, receipts included (docs/HA.md)"
+    )
 
 
 def run_migrations(url: str, progress: Callable[[str], None] = say) -> None:

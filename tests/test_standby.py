@@ -217,3 +217,41 @@ def test_a_receipt_lost_with_the_primary_fails_the_step_and_is_not_sent_again(co
         "SELECT error FROM orch8.task_instances WHERE id = %s", (instance,)
     ).fetchone()[0]
     assert "EffectBlocked" in error
+
+
+def test_db_status_and_run_say_how_the_server_replicates(pair, tmp_path):
+    def status(url: str) -> str:
+        proc = run_orch8("db", "status", env=orch8_env(ORCH8_DATABASE_URL=url))
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    assert "server: primary, no standby streaming from it" in status(pair.primary_url)
+    assert "lease: 30s" in status(pair.primary_url)
+    pair.make_standby()
+    with psycopg.connect(pair.primary_url, autocommit=True) as conn:
+        deadline = time.monotonic() + 30
+        while conn.execute("SELECT count(*) FROM pg_stat_replication").fetchone()[0] < 1:
+            assert time.monotonic() < deadline, "the standby did not connect"
+            time.sleep(0.05)
+    assert "1 standby(s) replicating asynchronously" in status(pair.primary_url)
+    assert "server: standby (in recovery)" in status(pair.standby_url)
+
+    log = tmp_path / "run.log"
+    runner = spawn_runner(pair.primary_url, log)
+    try:
+        deadline = time.monotonic() + 30
+        while "runner started" not in log.read_text():
+            assert runner.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+    finally:
+        runner.terminate()
+        runner.wait(timeout=30)
+    assert "orch8: warning: primary, 1 standby(s) replicating asynchronously" in log.read_text()
+
+    with psycopg.connect(pair.primary_url, autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+        conn.execute("SELECT pg_reload_conf()")
+    deadline = time.monotonic() + 10
+    while "synchronous commit" not in status(pair.primary_url):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)

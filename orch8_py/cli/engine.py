@@ -18,6 +18,7 @@ from ..runner import Settings as RunnerSettings
 from ..startup import (
     check_schema,
     database,
+    describe_replication,
     require_primary,
     run_migrations,
     say,
@@ -200,7 +201,13 @@ def cmd_db_migrate(args: argparse.Namespace, settings: config.Settings) -> int:
 def cmd_db_status(args: argparse.Namespace, settings: config.Settings) -> int:
     with database(settings) as url, db.connect(url, autocommit=True) as conn:
         st = migrate.status(conn)
+        rep = sqlapi.server.replication(conn)
     say(f"database version {st.database_version}, this orch8 knows {st.known_version}")
+    say(f"server: {describe_replication(rep)}")
+    say(
+        f"lease: {settings.lease:g}s (ORCH8_LEASE_SECONDS); keep it longer than a failover "
+        "takes, or steps of a runner waiting for the new primary are taken over"
+    )
     for m in st.pending:
         say(f"  pending  {m.kind} {m.name}")
     for name in st.edited:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import psycopg
 from psycopg import sql
@@ -47,7 +48,21 @@ def runners_listening(conn: Conn) -> int:
     return n
 
 
-def in_recovery(conn: Conn) -> bool:
-    """Whether the server is a standby (in recovery): it answers reads, refuses writes."""
-    standby: bool = value(conn, "SELECT pg_is_in_recovery()")
-    return standby
+@dataclass(frozen=True)
+class Replication:
+    """The server's place in a replicated cluster, from what any role may read."""
+
+    standby: bool  # in recovery: answers reads, refuses writes
+    standbys: int  # standbys streaming from this server (pg_stat_replication rows)
+    synchronous: bool  # commits wait for a standby (synchronous_standby_names set, and
+    # synchronous_commit at on, remote_write or remote_apply)
+
+
+def replication(conn: Conn) -> Replication:
+    row = conn.execute(
+        "SELECT pg_is_in_recovery(), (SELECT count(*) FROM pg_stat_replication),"
+        " current_setting('synchronous_standby_names') <> ''"
+        " AND current_setting('synchronous_commit') IN ('on', 'remote_write', 'remote_apply')"
+    ).fetchone()
+    assert row is not None
+    return Replication(standby=bool(row[0]), standbys=int(row[1]), synchronous=bool(row[2]))
