@@ -255,3 +255,21 @@ def test_db_status_and_run_say_how_the_server_replicates(pair, tmp_path):
     while "synchronous commit" not in status(pair.primary_url):
         assert time.monotonic() < deadline
         time.sleep(0.2)
+
+
+def test_health_ready_reports_replication_and_refuses_a_standby(pair):
+    from web import create_app
+
+    pair.make_standby()
+    for url, status in ((pair.primary_url, 200), (pair.standby_url, 503)):
+        app = create_app(url, secret_key="s")
+        try:
+            ready = app.test_client().get("/health/ready")
+        finally:
+            app.extensions["orch8.pool"].close()
+        assert ready.status_code == status, ready.text
+        body = ready.get_json()
+        if status == 200:
+            assert body["synchronous"] is False and body["standbys"] in (0, 1)
+        else:
+            assert body["error"] == "database is a standby"

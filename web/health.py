@@ -7,7 +7,7 @@ from flask import Blueprint, current_app, jsonify
 from flask.typing import ResponseReturnValue
 from psycopg_pool import PoolTimeout
 
-from orch8_py import migrate
+from orch8_py import migrate, sqlapi
 
 bp = Blueprint("health", __name__)
 
@@ -25,6 +25,7 @@ def ready() -> ResponseReturnValue:
             pool.open(wait=False)
         with pool.connection(timeout=2) as conn:
             st = migrate.status(conn)
+            rep = sqlapi.server.replication(conn)
     except (PoolTimeout, psycopg.OperationalError) as exc:
         return jsonify(
             status="unavailable", error="database unreachable", detail=str(exc)[:300]
@@ -39,4 +40,16 @@ def ready() -> ResponseReturnValue:
             ),
             503,
         )
-    return jsonify(status="ok", schema_version=st.database_version)
+    if rep.standby:  # after a failover: the URL reaches a node that refuses writes
+        return jsonify(
+            status="unavailable",
+            error="database is a standby",
+            detail="the server is in recovery and refuses writes; point the URL at the "
+            "primary (with every node listed: target_session_attrs=read-write)",
+        ), 503
+    return jsonify(
+        status="ok",
+        schema_version=st.database_version,
+        standbys=rep.standbys,
+        synchronous=rep.synchronous,
+    )
