@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from typing import Any
 
 import psycopg
@@ -51,6 +54,38 @@ def drop_if_read_only(conn: psycopg.Connection[Any], exc: BaseException) -> None
     of handing it out again."""
     if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction) and not conn.closed:
         conn.close()
+
+
+class OncePerWindow(logging.Filter):
+    """Lets one record of each message shape through per ``window`` seconds; the next one
+    let through says how many were held back. psycopg's pool warns on every failed
+    reconnection attempt, which during a failover is dozens of lines a second."""
+
+    def __init__(self, window: float = 10.0):
+        super().__init__()
+        self.window = window
+        self._lock = threading.Lock()
+        self._seen: dict[tuple[str, int, str], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, record.levelno, str(record.msg))
+        now = time.monotonic()
+        with self._lock:
+            last, held = self._seen.get(key, (None, 0))
+            if last is not None and now - last < self.window:
+                self._seen[key] = (last, held + 1)
+                return False
+            self._seen[key] = (now, 0)
+        if held:
+            record.msg = f"{record.msg} [{held} more like this in the last {self.window:g}s]"
+        return True
+
+
+def limit_pool_warnings(window: float = 10.0) -> None:
+    """Install OncePerWindow on psycopg's pool logger (once per process)."""
+    logger = logging.getLogger("psycopg.pool")
+    if not any(isinstance(f, OncePerWindow) for f in logger.filters):
+        logger.addFilter(OncePerWindow(window))
 
 
 # The least-privilege roles of migration 0010 (docs/SECURITY.md): what the runner and the

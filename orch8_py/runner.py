@@ -101,6 +101,8 @@ class Runner:
         self.draining = threading.Event()
         self.stranded = 0  # steps still running when the grace period ended
         self.failure: str | None = None  # why run() ended on an unexpected error
+        self.db_host: str | None = None  # host:port of the server that last answered
+        self.lost_since: float | None = None  # when the database stopped answering
         self.inflight: dict[uuid.UUID, Claimed] = {}  # lease token -> claimed instance
         self.lock = threading.Lock()
         self.definitions: dict[tuple[str, uuid.UUID], dict[str, Any]] = {}
@@ -119,14 +121,46 @@ class Runner:
     # --- database calls -------------------------------------------------------------
 
     def _call(self, fn: Callable[[Conn], T]) -> T:
-        with self.pool.connection() as conn:
-            with self.lock:
-                self.round_trips += 1
-            try:
-                return fn(conn)
-            except CONNECTION_ERRORS as exc:
-                db.drop_if_read_only(conn, exc)  # a standby now: the pool must not reuse it
-                raise
+        try:
+            with self.pool.connection() as conn:
+                with self.lock:
+                    self.round_trips += 1
+                try:
+                    out = fn(conn)
+                except CONNECTION_ERRORS as exc:
+                    db.drop_if_read_only(conn, exc)  # a standby now: the pool must not reuse it
+                    raise
+                if self.lost_since is not None or self.db_host is None:
+                    self._connected(conn)
+                return out
+        except CONNECTION_ERRORS as exc:
+            self._lost(exc)
+            raise
+
+    def _lost(self, exc: BaseException) -> None:
+        """One line when the database goes away (the retries log their own)."""
+        with self.lock:
+            if self.lost_since is not None:
+                return
+            self.lost_since = time.monotonic()
+        log.warning("event=runner.db_down host=%s error=%r", self.db_host or "?", str(exc)[:200])
+
+    def _connected(self, conn: Conn) -> None:
+        """One line when it is back, naming the server now answering: after a failover,
+        the new primary. A standby answers reads too: it is not back until it writes."""
+        if self.lost_since is not None and sqlapi.server.replication(conn).standby:
+            return
+        host = f"{conn.info.host}:{conn.info.port}"
+        with self.lock:
+            since, self.lost_since = self.lost_since, None
+            before, self.db_host = self.db_host, host
+        if since is not None:
+            log.warning(
+                "event=runner.db_reconnected host=%s was=%s after=%.1fs",
+                host,
+                before or "?",
+                time.monotonic() - since,
+            )
 
     def _call_until_done(self, fn: Callable[[Conn], T], stop_at: float | None = None) -> T:
         """Repeat a call across connection loss. begin_step and finish_step are safe to

