@@ -12,14 +12,18 @@ import shutil
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from orch8_py import db, migrate
 from orch8_py.embedded import EmbeddedPostgres
+from orch8_py.errors import Forbidden
+from orch8_py.sqlapi.base import engine_errors
 from tests.cli_helpers import assert_one_line_error, orch8_env, run_orch8
 from tests.runner_helpers import make_sequence, running, spawn_runner, start, wait_for
 
@@ -198,36 +202,62 @@ def test_the_service_answers_503_on_a_standby_and_drops_that_connection(pair):
         app.extensions["orch8.pool"].close()
 
 
-def test_a_receipt_lost_with_the_primary_fails_the_step_and_is_not_sent_again(conn):
+def test_a_receipt_lost_with_the_primary_is_recorded_unknown_with_the_answer(conn):
     """Asynchronous replication can lose begin_step's transaction with the primary: the
-    new primary has neither the receipt nor the sentinel. Reproduced by removing them as
-    a superuser with triggers skipped. finish_step must not refuse (O8009) or resend: it
-    fails the step on the missing receipt, as it always did (recording the lost receipt
-    is not built yet, docs/HA.md)."""
+    new primary has neither the receipt nor the sentinel, and the handler ran anyway.
+    Reproduced by removing them as a superuser with triggers skipped. finish_step records
+    the receipt again, unknown, with the handler's answer as evidence, so it is in the
+    operator queue; the step is not sent again."""
     seq = make_sequence(conn, [{"type": "step", "id": "charge", "handler": "test.ha.charge"}])
     instance = start(conn, seq)
     token = conn.execute(
         "SELECT lease_token FROM orch8.claim_due_instances('w1', 1, '30 seconds')"
     ).fetchone()[0]
-    effect_id = conn.execute(
-        "SELECT effect_id FROM orch8.begin_step('t1', %s, %s, 'charge', 'test.ha.charge', '{}', 0)",
-        (instance, token),
-    ).fetchone()[0]
+    begin = (
+        "SELECT outcome, effect_id FROM orch8.begin_step('t1', %s, %s, 'charge',"
+        " 'test.ha.charge', '{}', 0)"
+    )
+    effect_id = conn.execute(begin, (instance, token)).fetchone()[1]
     with conn.transaction():
         conn.execute("SET LOCAL session_replication_role = replica")
         conn.execute("DELETE FROM orch8.effect_receipt_events WHERE receipt_id = %s", (effect_id,))
         conn.execute("DELETE FROM orch8.block_outputs WHERE instance_id = %s", (instance,))
         conn.execute("DELETE FROM orch8.effect_receipts WHERE id = %s", (effect_id,))
-    state = conn.execute(
-        "SELECT state::text FROM orch8.finish_step('t1', %s, %s, 'charge', 0, %s, 'ok',"
-        ' \'{"receipt_id": "ch_1"}\')',
-        (instance, token, effect_id),
-    ).fetchone()[0]
-    assert state == "failed"
+    finish = "SELECT state::text FROM orch8.finish_step('t1', %s, %s, 'charge', 0, %s, 'ok', %s)"
+    with pytest.raises(Forbidden), engine_errors():  # only the id begin_step derives
+        conn.execute(finish, (instance, token, uuid.uuid4(), Jsonb({})))
+    answer = Jsonb({"receipt_id": "ch_1"})
+    assert conn.execute(finish, (instance, token, effect_id, answer)).fetchone()[0] == "failed"
     error = conn.execute(
         "SELECT error FROM orch8.task_instances WHERE id = %s", (instance,)
     ).fetchone()[0]
-    assert "EffectBlocked" in error
+    assert "EffectBlocked" in error and "lost with the primary" in error
+    receipt_state, evidence = conn.execute(
+        "SELECT state::text, evidence FROM orch8.effect_receipts WHERE id = %s", (effect_id,)
+    ).fetchone()
+    assert receipt_state == "unknown"
+    assert evidence["recovered_after_lost_write"] is True
+    assert evidence["handler_output"] == {"receipt_id": "ch_1"}
+    queued = conn.execute(
+        "SELECT count(*) FROM orch8.unresolved_effects WHERE effect_id = %s", (effect_id,)
+    ).fetchone()[0]
+    assert queued == 1
+    moves = conn.execute(
+        "SELECT from_state::text, to_state::text FROM orch8.effect_receipt_events"
+        " WHERE receipt_id = %s ORDER BY event_id",
+        (effect_id,),
+    ).fetchall()
+    assert moves == [
+        (None, "planned"),
+        ("planned", "prepared"),
+        ("prepared", "dispatched"),
+        ("dispatched", "unknown"),
+    ]
+    # the block run again lands on the same receipt, now unknown: nothing is sent
+    token = conn.execute(
+        "SELECT lease_token FROM orch8.claim_due_instances('w1', 1, '30 seconds')"
+    ).fetchone()
+    assert token is None  # failed, waiting for the operator: nothing to claim
 
 
 def test_db_status_and_run_say_how_the_server_replicates(pair, tmp_path):

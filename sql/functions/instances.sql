@@ -428,8 +428,8 @@ DECLARE
 BEGIN
     SELECT * INTO v_row FROM orch8.effect_receipts AS r
      WHERE r.tenant_id = p_tenant_id AND r.id = p_effect_id;
-    -- A receipt that does not exist is no one's: finish_step fails the step on it as
-    -- before (a write lost by a failover must not become a reason to send again).
+    -- A receipt that does not exist is no one's (finish_step recovers one lost with a
+    -- failed primary, recover_lost_receipt; a lost write must not be a reason to resend).
     IF v_row.id IS NOT NULL AND (
         v_row.instance_id <> p_instance_id OR v_row.block_id <> p_block_id
         OR v_row.attempt <> coalesce(p_attempt, v_row.attempt))
@@ -448,8 +448,8 @@ $$;
 COMMENT ON FUNCTION orch8.require_own_receipt(text, uuid, uuid, text, integer) IS
 'O8009 when the receipt belongs to another instance, block or (when given) attempt: a '
 'caller holding one instance''s lease cannot settle or cite another''s receipt. A receipt '
-'that does not exist (lost with a failed primary) passes; the caller''s CAS then finds '
-'nothing and fails the step.';
+'that does not exist (lost with a failed primary) passes: finish_step records it again '
+'(recover_lost_receipt).';
 
 CREATE OR REPLACE FUNCTION orch8.append_block_output(
     p_tenant_id text,

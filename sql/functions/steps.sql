@@ -259,6 +259,67 @@ COMMENT ON FUNCTION orch8.begin_step(text, uuid, uuid, text, text, jsonb, intege
 'cancel is applied first (outcome stopped, detail the new state). Repeating the call '
 'under the same lease after a lost answer returns the same dispatched outcome.';
 
+CREATE OR REPLACE FUNCTION orch8.recover_lost_receipt(
+    p_tenant_id text,
+    p_instance_id uuid,
+    p_block_id text,
+    p_attempt integer,
+    p_effect_id uuid,
+    p_result text,
+    p_output jsonb,
+    p_error text
+)
+RETURNS orch8.effect_receipts
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_scope orch8.continuity_executions := orch8.ensure_effect_scope(p_tenant_id, p_instance_id);
+    v_handler text := orch8.instance_step(p_tenant_id, p_instance_id, p_block_id) ->> 'handler';
+    v_stand_in text := encode(sha256(convert_to('orch8:lost-write:' || p_effect_id, 'UTF8')),
+                              'hex');
+    v_note text := 'begin_step''s write was lost (a failover?) after the handler was called';
+BEGIN
+    -- Only the id begin_step derives for this very step: no one records a receipt they
+    -- name at will.
+    IF p_effect_id IS DISTINCT FROM orch8.deterministic_effect_id(
+           v_scope.continuity_id, v_scope.epoch, p_instance_id, p_block_id, p_attempt) THEN
+        RAISE EXCEPTION 'receipt % is not the receipt of instance %, block %, attempt %',
+            p_effect_id, p_instance_id, p_block_id, p_attempt
+            USING ERRCODE = 'O8009',
+                  DETAIL = json_build_object('effect_id', p_effect_id,
+                                             'instance_id', p_instance_id,
+                                             'block_id', p_block_id,
+                                             'attempt', p_attempt)::text;
+    END IF;
+    -- The request's content is gone with the write: stand-in hashes, unique to the receipt,
+    -- and the effect id as key (what a step without an idempotency_key param sends).
+    PERFORM orch8.ensure_effect_receipt(
+        p_tenant_id, p_effect_id, v_scope.continuity_id, v_scope.epoch, p_instance_id,
+        p_block_id, p_attempt, coalesce(orch8.effect_kind(v_handler), 'custom'),
+        coalesce(v_handler, 'unknown'), v_stand_in, v_stand_in, p_effect_id::text,
+        jsonb_build_object('recovered_after_lost_write', true, 'handler_result', p_result,
+                           'handler_output', p_output, 'handler_error', p_error));
+    PERFORM orch8.cas_effect_receipt(p_tenant_id, p_effect_id, 'planned', 'prepared',
+                                     jsonb_build_object('note', v_note));
+    PERFORM orch8.cas_effect_receipt(p_tenant_id, p_effect_id, 'prepared', 'dispatched',
+                                     jsonb_build_object('note', v_note));
+    PERFORM orch8.cas_effect_receipt(p_tenant_id, p_effect_id, 'dispatched', 'unknown',
+        jsonb_build_object('note', v_note, 'error', left(coalesce(p_error,
+            'the handler answered ' || p_result || ' but the receipt was lost'), 2000)));
+    RETURN (SELECT r FROM orch8.effect_receipts AS r
+            WHERE r.tenant_id = p_tenant_id AND r.id = p_effect_id);
+END
+$$;
+
+COMMENT ON FUNCTION orch8.recover_lost_receipt(
+    text, uuid, text, integer, uuid, text, jsonb, text
+) IS
+'finish_step''s helper for a receipt that is gone (begin_step''s transaction lost with a '
+'failed primary under asynchronous replication) while the handler ran: records it again, '
+'moved through prepared and dispatched to unknown, with the handler''s result, output and '
+'error as evidence (recovered_after_lost_write), so it reaches the unresolved queue. '
+'Only for the id begin_step derives for this instance, block and attempt (else O8009).';
+
 CREATE OR REPLACE FUNCTION orch8.finish_step(
     p_tenant_id text,
     p_instance_id uuid,
@@ -308,6 +369,20 @@ BEGIN
     END IF;
     v_inst := orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
 
+    IF p_effect_id IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM orch8.effect_receipts AS r
+         WHERE r.tenant_id = p_tenant_id AND r.id = p_effect_id) THEN
+        -- The receipt written before dispatch is gone, yet the handler ran: record it
+        -- unknown with what the handler answered, and wait for it to be settled.
+        PERFORM orch8.recover_lost_receipt(p_tenant_id, p_instance_id, p_block_id, p_attempt,
+                                           p_effect_id, p_result, p_output, p_error);
+        v_state := orch8.await_settlement(p_tenant_id, p_instance_id, p_lease_token,
+            p_block_id, p_attempt, p_effect_id,
+            format('EffectBlocked: receipt %s was lost with the primary; recovered as unknown',
+                   p_effect_id));
+        RETURN QUERY SELECT v_state, NULL::text, NULL::integer;
+        RETURN;
+    END IF;
     IF p_effect_id IS NOT NULL THEN
         PERFORM orch8.require_own_receipt(p_tenant_id, p_effect_id, p_instance_id, p_block_id,
                                           p_attempt);

@@ -375,6 +375,7 @@ INSERT INTO orch8.function_access (name, access) VALUES
 ('lock_leased_instance', 'private'),
 ('record_block_output', 'private'),
 ('record_resolution', 'private'),
+('recover_lost_receipt', 'private'),
 ('request_instance_state', 'private'),
 ('schedule_verification', 'private'),
 ('settle_effect', 'private'),
