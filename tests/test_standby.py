@@ -89,6 +89,16 @@ class Pair:
                     pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=pgdata, user=self.user)
 
 
+def wait_until_count(url: str, query: str, at_least: int, what: str) -> None:
+    """Poll ``query`` (a count) on ``url`` until it reaches ``at_least``: replication is
+    asynchronous, so the standby shows a commit a moment after the primary."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        deadline = time.monotonic() + 30
+        while conn.execute(query).fetchone()[0] < at_least:
+            assert time.monotonic() < deadline, what
+            time.sleep(0.05)
+
+
 @pytest.fixture
 def pair(tmp_path) -> Iterator[Pair]:
     p = Pair(tmp_path)
@@ -119,11 +129,9 @@ def test_a_runner_on_a_read_only_node_resumes_when_it_is_promoted(pair, caplog):
         seq = make_sequence(conn, [{"type": "step", "id": "a", "handler": "noop"}])
         instances = [start(conn, seq) for _ in range(5)]
     pair.make_standby()
-    with psycopg.connect(pair.standby_url, autocommit=True) as conn:  # replayed already
-        deadline = time.monotonic() + 30
-        while conn.execute("SELECT count(*) FROM orch8.task_instances").fetchone()[0] < 5:
-            assert time.monotonic() < deadline, "the standby did not catch up"
-            time.sleep(0.05)
+    wait_until_count(
+        pair.standby_url, "SELECT count(*) FROM orch8.task_instances", 5, "no catching up"
+    )
     pair.stop_primary()
     caplog.set_level(logging.WARNING, logger="orch8.runner")
     caplog.set_level(logging.WARNING, logger="psycopg.pool")
@@ -185,11 +193,7 @@ def test_the_service_answers_503_on_a_standby_and_drops_that_connection(pair):
     with psycopg.connect(pair.primary_url, autocommit=True) as conn:
         _, secret = apikeys.create(conn, "t1", "operator", "ops")
     pair.make_standby()
-    with psycopg.connect(pair.standby_url, autocommit=True) as conn:
-        deadline = time.monotonic() + 30
-        while conn.execute("SELECT count(*) FROM orch8.api_keys").fetchone()[0] < 1:
-            assert time.monotonic() < deadline, "the standby did not catch up"
-            time.sleep(0.05)
+    wait_until_count(pair.standby_url, "SELECT count(*) FROM orch8.api_keys", 1, "no catching up")
     app = create_app(pair.standby_url, secret_key="s")
     try:
         answer = app.test_client().get(
@@ -269,11 +273,9 @@ def test_db_status_and_run_say_how_the_server_replicates(pair, tmp_path):
     assert "server: primary, no standby streaming from it" in status(pair.primary_url)
     assert "lease: 30s" in status(pair.primary_url)
     pair.make_standby()
-    with psycopg.connect(pair.primary_url, autocommit=True) as conn:
-        deadline = time.monotonic() + 30
-        while conn.execute("SELECT count(*) FROM pg_stat_replication").fetchone()[0] < 1:
-            assert time.monotonic() < deadline, "the standby did not connect"
-            time.sleep(0.05)
+    wait_until_count(
+        pair.primary_url, "SELECT count(*) FROM pg_stat_replication", 1, "no standby connected"
+    )
     assert "1 standby(s) replicating asynchronously" in status(pair.primary_url)
     assert "server: standby (in recovery)" in status(pair.standby_url)
 

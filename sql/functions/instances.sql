@@ -416,6 +416,26 @@ COMMENT ON FUNCTION orch8.record_block_output(
 'lease_token is the claim that wrote the row, NULL for an operator''s retry. An effect id '
 'must name a receipt of this instance and block (require_own_receipt, O8009).';
 
+CREATE OR REPLACE FUNCTION orch8.refuse_foreign_receipt(
+    p_effect_id uuid, p_instance_id uuid, p_block_id text, p_attempt integer
+)
+RETURNS void
+LANGUAGE plpgsql
+STABLE  -- not IMMUTABLE: never folded into a plan with constant arguments
+AS $$
+BEGIN
+    RAISE EXCEPTION '%', format('receipt %s is not a receipt of instance %s, block %s%s',
+        p_effect_id, p_instance_id, p_block_id, ', attempt ' || p_attempt)
+        USING ERRCODE = 'O8009',
+              DETAIL = json_build_object('effect_id', p_effect_id, 'instance_id', p_instance_id,
+                                         'block_id', p_block_id, 'attempt', p_attempt)::text;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.refuse_foreign_receipt(uuid, uuid, text, integer) IS
+'Raises O8009: the receipt named is not this instance''s, block''s (and attempt''s). The '
+'one wording of that refusal, for require_own_receipt and recover_lost_receipt.';
+
 CREATE OR REPLACE FUNCTION orch8.require_own_receipt(
     p_tenant_id text, p_effect_id uuid, p_instance_id uuid, p_block_id text, p_attempt integer
 )
@@ -434,13 +454,7 @@ BEGIN
         v_row.instance_id <> p_instance_id OR v_row.block_id <> p_block_id
         OR v_row.attempt <> coalesce(p_attempt, v_row.attempt))
     THEN
-        RAISE EXCEPTION '%', format('receipt %s is not a receipt of instance %s, block %s%s',
-            p_effect_id, p_instance_id, p_block_id, ', attempt ' || p_attempt)
-            USING ERRCODE = 'O8009',
-                  DETAIL = json_build_object('effect_id', p_effect_id,
-                                             'instance_id', p_instance_id,
-                                             'block_id', p_block_id,
-                                             'attempt', p_attempt)::text;
+        PERFORM orch8.refuse_foreign_receipt(p_effect_id, p_instance_id, p_block_id, p_attempt);
     END IF;
 END
 $$;

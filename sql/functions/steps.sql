@@ -283,13 +283,7 @@ BEGIN
     -- name at will.
     IF p_effect_id IS DISTINCT FROM orch8.deterministic_effect_id(
            v_scope.continuity_id, v_scope.epoch, p_instance_id, p_block_id, p_attempt) THEN
-        RAISE EXCEPTION 'receipt % is not the receipt of instance %, block %, attempt %',
-            p_effect_id, p_instance_id, p_block_id, p_attempt
-            USING ERRCODE = 'O8009',
-                  DETAIL = json_build_object('effect_id', p_effect_id,
-                                             'instance_id', p_instance_id,
-                                             'block_id', p_block_id,
-                                             'attempt', p_attempt)::text;
+        PERFORM orch8.refuse_foreign_receipt(p_effect_id, p_instance_id, p_block_id, p_attempt);
     END IF;
     -- The request's content is gone with the write: stand-in hashes, unique to the receipt,
     -- and the effect id as key (what a step without an idempotency_key param sends).
