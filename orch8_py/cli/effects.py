@@ -211,13 +211,14 @@ def effects_show(args: argparse.Namespace, url: str) -> int:
     lines.append(
         indent(
             table(
-                ["at", "from", "to", "actor", "note", "evidence"],
+                ["at", "from", "to", "actor", "login", "note", "evidence"],
                 [
                     (
                         e["at"],
                         e["from_state"],
                         e["to_state"],
                         e["actor"],
+                        e["db_user"],
                         e["note"],
                         e["evidence"] or None,
                     )

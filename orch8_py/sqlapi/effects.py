@@ -229,7 +229,7 @@ def receipt_events(
     for row in all_rows(
         conn,
         "SELECT receipt_id, event_id, from_state::text AS from_state,"
-        " to_state::text AS to_state, actor, note, evidence, at"
+        " to_state::text AS to_state, actor, note, evidence, at, db_user, api_key_id"
         " FROM orch8.effect_receipt_events"
         " WHERE tenant_id = %(tenant)s AND receipt_id = ANY(%(ids)s) ORDER BY event_id",
         {"tenant": tenant_id, "ids": receipt_ids},

@@ -180,7 +180,7 @@ def instance_audit(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID) -> lis
     return all_rows(
         conn,
         "SELECT seq, from_state::text AS from_state, to_state::text AS to_state, actor,"
-        " reason, at FROM orch8.instance_transitions"
+        " reason, at, db_user, api_key_id FROM orch8.instance_transitions"
         " WHERE tenant_id = %(tenant)s AND instance_id = %(id)s ORDER BY seq",
         {"tenant": tenant_id, "id": instance_id},
     )

@@ -66,6 +66,8 @@ class ReceiptEvent(Answer):
     note: str | None
     evidence: Any
     at: dt.datetime
+    db_user: str = Field(description="the PostgreSQL login that made the change")
+    api_key_id: uuid.UUID | None = Field(description="the API key it was made with, if any")
 
 
 class InvariantResult(Answer):

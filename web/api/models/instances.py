@@ -101,6 +101,8 @@ class Transition(Answer):
     actor: str
     reason: str | None
     at: dt.datetime
+    db_user: str = Field(description="the PostgreSQL login that made the change")
+    api_key_id: uuid.UUID | None = Field(description="the API key it was made with, if any")
 
 
 class TransitionList(Answer):
