@@ -10,6 +10,7 @@ re-raise it.
 
 from __future__ import annotations
 
+import errno
 import json
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -119,6 +120,14 @@ BY_SQLSTATE: dict[str, type[Orch8Error]] = {
 
 class ConfigError(Orch8Error):
     """Bad configuration (an environment variable, a flag)."""
+
+
+def cannot_listen(exc: OSError, host: str, port: int, *, server: str, remedy: str) -> ConfigError:
+    """The one wording for a server (``server``: "the operator service", "metrics"...) that
+    cannot bind host:port; a port in use names ``remedy``."""
+    if exc.errno == errno.EADDRINUSE:
+        return ConfigError(f"port {port} on {host} is already in use: {remedy}")
+    return ConfigError(f"{server} cannot listen on {host}:{port} ({exc.strerror})")
 
 
 class DatabaseUnavailable(Orch8Error):

@@ -17,7 +17,6 @@ Where the numbers can be read:
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import threading
@@ -33,7 +32,7 @@ from prometheus_client import (
 )
 from prometheus_client import start_http_server as _start_http_server
 
-from .errors import ConfigError
+from .errors import ConfigError, cannot_listen
 
 log = logging.getLogger("orch8.metrics")
 
@@ -161,12 +160,13 @@ def serve(port: int, host: str = "127.0.0.1") -> tuple[WSGIServer, threading.Thr
     try:
         server, thread = _start_http_server(port, addr=host, registry=REGISTRY)
     except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            raise ConfigError(
-                f"metrics port {port} on {host} is already in use: pick another one "
-                "with ORCH8_METRICS_PORT"
-            ) from None
-        raise ConfigError(f"cannot serve metrics on {host}:{port} ({exc.strerror})") from None
+        raise cannot_listen(
+            exc,
+            host,
+            port,
+            server="the runner's metrics",
+            remedy="pick another metrics port with ORCH8_METRICS_PORT",
+        ) from None
     log.info("event=metrics.serving host=%s port=%d", host, server.server_port)
     return server, thread
 

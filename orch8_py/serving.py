@@ -24,7 +24,6 @@ Behind a reverse proxy (docs/SECURITY.md), the proxy does the same per client ad
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import time
@@ -39,7 +38,7 @@ from waitress.task import ThreadedTaskDispatcher
 
 from web import MAX_BODY_BYTES
 
-from .errors import ConfigError
+from .errors import ConfigError, cannot_listen
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIApplication
@@ -127,12 +126,13 @@ def create_server(
     try:
         return _create(app, host, port, limits.adjustments())
     except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            raise ConfigError(
-                f"port {port} on {host} is already in use: stop the other process "
-                "or pick another port with --port (or ORCH8_PORT)"
-            ) from None
-        raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror})") from None
+        raise cannot_listen(
+            exc,
+            host,
+            port,
+            server="the operator service",
+            remedy="stop the other process or pick another port with --port (or ORCH8_PORT)",
+        ) from None
 
 
 def _create(

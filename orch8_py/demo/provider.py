@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import errno
 import json
 import secrets
 import socket
@@ -44,7 +43,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from ..errors import ConfigError
+from ..errors import ConfigError, cannot_listen
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 DEFAULT_PORT = 8099
@@ -213,14 +212,13 @@ class FakeProvider:
         try:
             self._server = Server((self.host, self.requested_port), handler)
         except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise ConfigError(
-                    f"port {self.requested_port} on {self.host} is already in use: stop the "
-                    f"other process or pick another port with {self.flag} (0 picks a free one)"
-                ) from None
-            raise ConfigError(
-                f"the fake provider cannot listen on {self.host}:{self.requested_port} "
-                f"({exc.strerror})"
+            raise cannot_listen(
+                exc,
+                self.host,
+                self.requested_port,
+                server="the fake provider",
+                remedy=f"stop the other process or pick another port with {self.flag} "
+                "(0 picks a free one)",
             ) from None
         self._thread = threading.Thread(
             target=self._server.serve_forever,
