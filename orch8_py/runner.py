@@ -69,6 +69,10 @@ class LeaseLost(Exception):
     """Internal: the instance is no longer ours; stop working on it."""
 
 
+class LeaseTaken(LeaseLost):
+    """The database refused the lease (StaleLease), as opposed to the runner giving up."""
+
+
 @dataclass(frozen=True)
 class Invocation:
     """What a handler call came to: the result finish_step records, and for the retry
@@ -174,7 +178,7 @@ class Runner:
                 # runs out and the next runner settles the receipt. Retrying would never end.
                 raise LeaseLost("the runner stopped before the step finished") from None
             except StaleLease as exc:
-                raise LeaseLost(str(exc)) from None
+                raise LeaseTaken(str(exc)) from None
             except CONNECTION_ERRORS as exc:
                 reason: Exception = exc
             if stop_at is not None and time.monotonic() > stop_at:
@@ -527,6 +531,65 @@ class Runner:
         )
 
     def _finish(
+        self,
+        row: Claimed,
+        block_id: str,
+        attempt: int,
+        effect_id: uuid.UUID | None,
+        call: Invocation,
+        retry_in: dt.timedelta | None,
+    ) -> Finished:
+        try:
+            return self._finish_under_lease(row, block_id, attempt, effect_id, call, retry_in)
+        except LeaseTaken:
+            if effect_id is not None:
+                self._keep_lost_receipt(row, block_id, attempt, effect_id, call)
+            raise
+
+    def _keep_lost_receipt(
+        self, row: Claimed, block_id: str, attempt: int, effect_id: uuid.UUID, call: Invocation
+    ) -> None:
+        """The lease is gone after a dispatch: make sure the receipt is not gone too (a
+        failover that lost both the claim and begin_step), or the next claimer sends again."""
+        try:
+            kept = self._call_until_done(
+                lambda c: sqlapi.steps.keep_lost_receipt(
+                    c,
+                    tenant_id=row.tenant_id,
+                    instance_id=row.id,
+                    block_id=block_id,
+                    attempt=attempt,
+                    effect_id=effect_id,
+                    result=call.result,
+                    output=call.output,
+                    error=call.error,
+                ),
+                stop_at=time.monotonic() + self.settings.lease,
+            )
+        except Exception as exc:  # nothing else can record it: say so loudly
+            log.error(
+                "event=step.receipt_unrecorded tenant=%s instance=%s block=%s effect=%s "
+                "result=%s output=%r error=%r",
+                row.tenant_id,
+                row.id,
+                block_id,
+                effect_id,
+                call.result,
+                str(call.output)[:500],
+                str(exc)[:200],
+            )
+            return
+        if kept:
+            log.error(
+                "event=step.receipt_recovered tenant=%s instance=%s block=%s effect=%s "
+                "reason='the lease and the receipt were lost with the primary'",
+                row.tenant_id,
+                row.id,
+                block_id,
+                effect_id,
+            )
+
+    def _finish_under_lease(
         self,
         row: Claimed,
         block_id: str,

@@ -23,6 +23,7 @@ from psycopg.types.json import Jsonb
 from orch8_py import db, migrate
 from orch8_py.embedded import EmbeddedPostgres
 from orch8_py.errors import Forbidden
+from orch8_py.handlers import handler
 from orch8_py.sqlapi.base import engine_errors
 from tests.cli_helpers import assert_one_line_error, orch8_env, run_orch8
 from tests.runner_helpers import make_sequence, running, spawn_runner, start, wait_for
@@ -339,3 +340,63 @@ def test_pool_warnings_during_an_outage_are_rate_limited(caplog):
     pool.close()
     warned = [r for r in caplog.records if r.name == "psycopg.pool"]
     assert 1 <= len(warned) <= 2, [r.getMessage() for r in warned]
+
+
+LOST_WITH_THE_CLAIM: dict[str, object] = {}
+
+
+@handler("test.ha.lost_with_the_claim")
+def _lost_with_the_claim(params, ctx):
+    """Sends (counted), then undoes the claim and begin_step as a failover that lost both
+    would: the instance back to scheduled (due in an hour, so no claim races the test),
+    no receipt, no sentinel."""
+    LOST_WITH_THE_CLAIM["sent"] = int(LOST_WITH_THE_CLAIM.get("sent", 0)) + 1
+    url = str(LOST_WITH_THE_CLAIM["url"])
+    with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
+        conn.execute("SET LOCAL session_replication_role = replica")
+        conn.execute(
+            "DELETE FROM orch8.effect_receipt_events WHERE receipt_id = %s", (ctx.effect_id,)
+        )
+        conn.execute("DELETE FROM orch8.block_outputs WHERE instance_id = %s", (ctx.instance_id,))
+        conn.execute("DELETE FROM orch8.effect_receipts WHERE id = %s", (ctx.effect_id,))
+        conn.execute(
+            "UPDATE orch8.task_instances SET state = 'scheduled', lease_token = NULL,"
+            " lease_owner = NULL, lease_expires_at = NULL,"
+            " next_fire_at = orch8.now() + interval '1 hour' WHERE id = %s",
+            (ctx.instance_id,),
+        )
+    return {"receipt_id": "ch_lost"}
+
+
+def test_a_receipt_lost_with_its_claim_is_kept_and_the_step_is_not_sent_again(db_url, conn, caplog):
+    """The claim and begin_step both lost with the primary: finish_step refuses the lease,
+    so the runner records the receipt (keep_lost_receipt) with the handler's answer; the
+    next claim of the step meets that unknown receipt and blocks instead of sending."""
+    LOST_WITH_THE_CLAIM.update(url=db_url, sent=0)
+    seq = make_sequence(
+        conn, [{"type": "step", "id": "charge", "handler": "test.ha.lost_with_the_claim"}]
+    )
+    instance = start(conn, seq)
+    caplog.set_level(logging.ERROR, logger="orch8.runner")
+    with running(db_url):
+        deadline = time.monotonic() + 30
+        while "event=step.receipt_recovered" not in caplog.text:
+            assert time.monotonic() < deadline, caplog.text
+            time.sleep(0.05)
+        evidence = conn.execute(
+            "SELECT evidence FROM orch8.effect_receipts"
+            " WHERE instance_id = %s AND state = 'unknown'",
+            (instance,),
+        ).fetchone()[0]
+        assert evidence["recovered_after_lost_write"] is True
+        assert evidence["handler_output"] == {"receipt_id": "ch_lost"}
+        conn.execute(
+            "UPDATE orch8.task_instances SET next_fire_at = orch8.now() WHERE id = %s", (instance,)
+        )
+        _, error = wait_for(conn, [instance], states=("failed", "waiting"))[instance]
+    assert "EffectBlocked" in error, error
+    assert LOST_WITH_THE_CLAIM["sent"] == 1  # the claim that followed sent nothing
+    queued = conn.execute(
+        "SELECT count(*) FROM orch8.unresolved_effects WHERE instance_id = %s", (instance,)
+    ).fetchone()[0]
+    assert queued == 1

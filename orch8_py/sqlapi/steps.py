@@ -137,6 +137,40 @@ def finish_step(
     )[0]
 
 
+def keep_lost_receipt(
+    conn: Conn,
+    *,
+    tenant_id: str,
+    instance_id: uuid.UUID,
+    block_id: str,
+    attempt: int,
+    effect_id: uuid.UUID,
+    result: str,
+    output: Any,
+    error: str | None,
+) -> bool:
+    """orch8.keep_lost_receipt: True when it recorded a receipt that was missing."""
+    return bool(
+        value(
+            conn,
+            "SELECT orch8.keep_lost_receipt(p_tenant_id => %(tenant)s,"
+            " p_instance_id => %(instance)s, p_block_id => %(block)s,"
+            " p_attempt => %(attempt)s, p_effect_id => %(effect)s, p_result => %(result)s,"
+            " p_output => %(output)s, p_error => %(error)s)",
+            {
+                "tenant": tenant_id,
+                "instance": instance_id,
+                "block": block_id,
+                "attempt": attempt,
+                "effect": effect_id,
+                "result": result,
+                "output": Jsonb(output),
+                "error": error,
+            },
+        )
+    )
+
+
 def heartbeat_leases(
     conn: Conn, *, lease_tokens: list[uuid.UUID], lease_seconds: float
 ) -> set[uuid.UUID]:

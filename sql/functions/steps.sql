@@ -259,6 +259,24 @@ COMMENT ON FUNCTION orch8.begin_step(text, uuid, uuid, text, text, jsonb, intege
 'cancel is applied first (outcome stopped, detail the new state). Repeating the call '
 'under the same lease after a lost answer returns the same dispatched outcome.';
 
+CREATE OR REPLACE FUNCTION orch8.require_step_result(p_result text)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+AS $$
+BEGIN
+    IF p_result IS NULL OR p_result NOT IN ('ok', 'error', 'not_applied') THEN
+        RAISE EXCEPTION 'a step result must be ok, error or not_applied, got %',
+            coalesce(p_result, 'NULL')
+            USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'result')::text;
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.require_step_result(text) IS
+'The results a handler call can come to (ok, error, not_applied); anything else is O8008. '
+'Read by finish_step and keep_lost_receipt.';
+
 CREATE OR REPLACE FUNCTION orch8.recover_lost_receipt(
     p_tenant_id text,
     p_instance_id uuid,
@@ -314,6 +332,50 @@ COMMENT ON FUNCTION orch8.recover_lost_receipt(
 'error as evidence (recovered_after_lost_write), so it reaches the unresolved queue. '
 'Only for the id begin_step derives for this instance, block and attempt (else O8009).';
 
+CREATE OR REPLACE FUNCTION orch8.keep_lost_receipt(
+    p_tenant_id text,
+    p_instance_id uuid,
+    p_block_id text,
+    p_attempt integer,
+    p_effect_id uuid,
+    p_result text,
+    p_output jsonb,
+    p_error text
+)
+RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM orch8.require_step_result(p_result);
+    -- The instance's row lock orders this call with begin_step: either begin_step already
+    -- wrote this receipt (nothing to do here), or it will find the one written here.
+    PERFORM 1 FROM orch8.task_instances AS t
+     WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'instance % not found', p_instance_id
+            USING ERRCODE = 'O8007', DETAIL = json_build_object('instance_id', p_instance_id)::text;
+    END IF;
+    IF EXISTS (SELECT 1 FROM orch8.effect_receipts AS r
+                WHERE r.tenant_id = p_tenant_id AND r.id = p_effect_id) THEN
+        RETURN false;
+    END IF;
+    PERFORM orch8.recover_lost_receipt(p_tenant_id, p_instance_id, p_block_id, p_attempt,
+                                       p_effect_id, p_result, p_output, p_error);
+    RETURN true;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.keep_lost_receipt(
+    text, uuid, text, integer, uuid, text, jsonb, text
+) IS
+'For a runner whose finish_step was refused (O8001) after its handler was dispatched: '
+'when the receipt is missing too (the claim and begin_step were both lost with a failed '
+'primary), records it as unknown with the handler''s answer (recover_lost_receipt), '
+'whatever the lease, so that begin_step of whoever claims the step next finds it and '
+'blocks instead of sending again. Returns true when it recorded one, false when the '
+'receipt exists. Only the id begin_step derives for this step (else O8009).';
+
 CREATE OR REPLACE FUNCTION orch8.finish_step(
     p_tenant_id text,
     p_instance_id uuid,
@@ -336,11 +398,7 @@ DECLARE
     v_state orch8.instance_state;
     v_retry_in interval;
 BEGIN
-    IF p_result IS NULL OR p_result NOT IN ('ok', 'error', 'not_applied') THEN
-        RAISE EXCEPTION 'finish_step result must be ok, error or not_applied, got %',
-            coalesce(p_result, 'NULL')
-            USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'result')::text;
-    END IF;
+    PERFORM orch8.require_step_result(p_result);
     IF p_retry_in < interval '0' THEN
         RAISE EXCEPTION 'finish_step retry_in must not be negative, got %', p_retry_in
             USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'retry_in')::text;
