@@ -48,6 +48,12 @@ log = logging.getLogger("orch8.runner")
 # itself reaches for the server at most every db.RECONNECT_BACKOFF_CAP seconds: waiting
 # longer here only delays the first step after a failover.
 MAX_BACKOFF = 1.0
+# After an outage, every runner waits this long before it starts new steps, so that the
+# finish_step / keep_lost_receipt calls all runners had pending (each retried at least
+# every MAX_BACKOFF through a pool that reconnects every db.RECONNECT_BACKOFF_CAP) land
+# first: a step whose claim and receipt were lost with an asynchronous primary is then
+# found recorded by whoever claims it, instead of being sent again (docs/HA.md).
+SETTLE_AFTER_OUTAGE = 2 * max(MAX_BACKOFF, db.RECONNECT_BACKOFF_CAP)
 DEFAULT_STEP_TIMEOUT = 300.0
 CONNECTION_ERRORS = db.CONNECTION_LOST
 T = TypeVar("T")
@@ -110,6 +116,7 @@ class Runner:
         self.failure: str | None = None  # why run() ended on an unexpected error
         self.db_host: str | None = None  # host:port of the server that last answered
         self.lost_since: float | None = None  # when the database stopped answering
+        self.settle_until = 0.0  # no new steps before this (monotonic): SETTLE_AFTER_OUTAGE
         self.inflight: dict[uuid.UUID, Claimed] = {}  # lease token -> claimed instance
         self.lock = threading.Lock()
         self.definitions: dict[tuple[str, uuid.UUID], dict[str, Any]] = {}
@@ -161,6 +168,8 @@ class Runner:
         with self.lock:
             since, self.lost_since = self.lost_since, None
             before, self.db_host = self.db_host, host
+            if since is not None:
+                self.settle_until = time.monotonic() + SETTLE_AFTER_OUTAGE
         if since is not None:
             log.warning(
                 "event=runner.db_reconnected host=%s was=%s after=%.1fs",
@@ -281,6 +290,8 @@ class Runner:
             outstanding = len(futures)
             free = 2 * s.concurrency - outstanding if outstanding <= s.concurrency else 0
             claimed: list[Claimed] = []
+            if self._settling(stop):
+                continue
             if free > 0:
                 try:
                     self._builtins()
@@ -294,6 +305,7 @@ class Runner:
                     stop.wait(backoff)
                     backoff = min(backoff * 2, MAX_BACKOFF)
                     continue
+            self._settling(stop)  # this very claim may have found the database back
             for row in claimed:
                 with self.lock:
                     self.inflight[row.lease_token] = row
@@ -313,6 +325,15 @@ class Runner:
         self.handler_pool.shutdown(wait=False, cancel_futures=True)
         self.pool.close()
         log.info("event=runner.stop ticks=%d steps=%d", self.ticks, self.steps_run)
+
+    def _settling(self, stop: threading.Event) -> bool:
+        """Wait out SETTLE_AFTER_OUTAGE when an outage just ended; True if it waited."""
+        pause = self.settle_until - time.monotonic()
+        if pause <= 0:
+            return False
+        log.info("event=runner.settling seconds=%.1f", pause)
+        stop.wait(pause)
+        return True
 
     def _drain(self, workers: cf.ThreadPoolExecutor, futures: set[cf.Future[None]]) -> None:
         """Finish in-flight steps within the grace period; instances between steps hand

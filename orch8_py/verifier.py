@@ -33,9 +33,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
-
-from . import expression, handlers, rules, sqlapi
+from . import db, expression, handlers, rules, sqlapi
 from .handlers import http as _http
 from .settlement import derive_output
 from .sqlapi.base import Conn
@@ -85,7 +83,7 @@ class Verifier:
         while not stop.is_set():
             try:
                 busy = self.once()
-            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            except db.CONNECTION_LOST as exc:  # a read-only (failed-over) node included
                 log.warning("event=verifier.db_lost error=%r", str(exc)[:200])
                 busy = False
             except Exception:

@@ -260,7 +260,7 @@ def test_synchronous_failovers_send_nothing_twice_and_lose_no_receipt(
     assert ledger.recovered == []
     for log in run.logs:  # one line per outage, naming where the runner reconnected
         text = log.read_text()
-        assert text.count("event=runner.db_reconnected") >= 1, text[-2000:]
+        assert text.count("event=runner.db_reconnected") == FAILOVERS, text[-2000:]
 
 
 def test_asynchronous_failover_surfaces_every_lost_receipt(cluster_factory, tmp_path, capsys):

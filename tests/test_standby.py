@@ -26,6 +26,7 @@ from orch8_py import db, migrate
 from orch8_py.embedded import EmbeddedPostgres
 from orch8_py.errors import Forbidden
 from orch8_py.handlers import handler
+from orch8_py.runner import SETTLE_AFTER_OUTAGE
 from orch8_py.sqlapi.base import engine_errors
 from tests.cli_helpers import assert_one_line_error, orch8_env, run_orch8
 from tests.runner_helpers import make_sequence, running, spawn_runner, start, wait_for
@@ -136,8 +137,8 @@ def test_a_runner_on_a_read_only_node_resumes_when_it_is_promoted(pair, caplog):
         pair.standby_url, "SELECT count(*) FROM orch8.task_instances", 5, "no catching up"
     )
     pair.stop_primary()
-    caplog.set_level(logging.WARNING, logger="orch8.runner")
     caplog.set_level(logging.WARNING, logger="psycopg.pool")
+    caplog.set_level(logging.INFO, logger="orch8.runner")  # last: it sets the handler's level
     with running(pair.standby_url) as runner:
         deadline = time.monotonic() + 30
         while not any(
@@ -153,8 +154,13 @@ def test_a_runner_on_a_read_only_node_resumes_when_it_is_promoted(pair, caplog):
     # one line when the database went away, one when it answered again (and where)
     messages = [r.getMessage() for r in caplog.records]
     assert len([m for m in messages if m.startswith("event=runner.db_down")]) == 1, messages
-    [back] = [m for m in messages if m.startswith("event=runner.db_reconnected")]
-    assert f"port={pair.standby_port}" in back or f":{pair.standby_port} " in back, back
+    [back] = [r for r in caplog.records if r.getMessage().startswith("event=runner.db_reconnected")]
+    assert f":{pair.standby_port} " in back.getMessage(), back.getMessage()
+    # no step starts until the runners' pending finishes have had time to land
+    first_step = min(r.created for r in caplog.records if "event=step.done" in r.getMessage())
+    assert first_step - back.created >= SETTLE_AFTER_OUTAGE - 0.1
+    # the verifier loop too took the read-only answers for a lost connection
+    assert not [r for r in caplog.records if r.name == "orch8.verifier" and r.levelno >= 40]
 
 
 def test_a_runner_that_cannot_work_exits_with_one_line(db_url, conn, tmp_path):
