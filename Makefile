@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: run test lint typecheck pgtap plpgsql-check pytest rules bench chaos clean
+.PHONY: run test lint typecheck pgtap plpgsql-check pytest rules bench chaos chaos-ha clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -58,3 +58,9 @@ bench: $(STAMP)
 chaos: $(STAMP)
 	ORCH8_CHAOS_INSTANCES=3000 ORCH8_CHAOS_RESTARTS=5 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_runner_processes.py
 	ORCH8_CHAOS_INSTANCES=600 $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/test_verifiers.py -k chaos
+
+## chaos-ha: a 3-node Patroni + etcd cluster on loopback (Debian packages patroni and
+## etcd-server), three SIGKILLs of the primary over 500 instances, in synchronous and in
+## asynchronous mode; prints failover and recovery seconds (make test runs one failover)
+chaos-ha: $(STAMP)
+	ORCH8_HA_FAILOVERS=3 ORCH8_HA_INSTANCES=500 $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/test_chaos_ha.py
