@@ -43,11 +43,7 @@ def main() -> int:
             with psycopg.connect(url, autocommit=True) as conn:
                 try:
                     conn.execute("CREATE EXTENSION IF NOT EXISTS pgtap")
-                except psycopg.errors.FeatureNotSupported as exc:
-                    return skip_or_fail(
-                        f"the pgtap extension is not installed in the server ({exc})"
-                    )
-                except psycopg.errors.UndefinedFile as exc:
+                except (psycopg.errors.FeatureNotSupported, psycopg.errors.UndefinedFile) as exc:
                     return skip_or_fail(
                         f"the pgtap extension is not installed in the server ({exc})"
                     )

@@ -180,6 +180,8 @@ def run_through_failovers(
             if k + 1 < FAILOVERS:
                 leader.start()  # rejoins as a standby (pg_rewind), ready for the next kill
         wait_count(url, FINISHED, INSTANCES, 180, "every instance to finish")
+    except AssertionError as exc:  # a cluster that misbehaved: say what Patroni saw
+        raise AssertionError(f"{exc}\n{cluster.logs()}") from None
     finally:
         for proc in runners:
             if proc.poll() is None:
@@ -243,16 +245,24 @@ def summary(mode: str, run: Run, ledger: Ledger, sent: collections.Counter[str])
     )
 
 
+def chaos(cluster_factory, tmp_path, capsys, synchronous: bool):
+    """Build the cluster, run through the failovers, print the summary line; the run, the
+    ledger as the last primary has it, and the keys the provider received."""
+    cluster = cluster_factory(synchronous=synchronous)
+    run = run_through_failovers(cluster, tmp_path, hold_standbys=not synchronous)
+    ledger = read_ledger(run.url)
+    sent = sent_keys(run.provider)
+    mode = "synchronous" if synchronous else "asynchronous, standbys held at the kill"
+    with capsys.disabled():
+        print("\n" + summary(mode, run, ledger, sent))
+    assert all(f.in_flight > 0 for f in run.failovers), run.failovers
+    return run, ledger, sent
+
+
 def test_synchronous_failovers_send_nothing_twice_and_lose_no_receipt(
     cluster_factory, tmp_path, capsys
 ):
-    cluster = cluster_factory(synchronous=True)
-    run = run_through_failovers(cluster, tmp_path, hold_standbys=False)
-    ledger = read_ledger(run.url)
-    sent = sent_keys(run.provider)
-    with capsys.disabled():
-        print("\n" + summary("synchronous", run, ledger, sent))
-    assert all(f.in_flight > 0 for f in run.failovers), run.failovers
+    run, ledger, sent = chaos(cluster_factory, tmp_path, capsys, synchronous=True)
     assert [k for k, n in sent.items() if n > 1] == []
     assert set(sent) <= ledger.keys  # no receipt lost
     assert len(sent) == INSTANCES
@@ -264,13 +274,7 @@ def test_synchronous_failovers_send_nothing_twice_and_lose_no_receipt(
 
 
 def test_asynchronous_failover_surfaces_every_lost_receipt(cluster_factory, tmp_path, capsys):
-    cluster = cluster_factory(synchronous=False)
-    run = run_through_failovers(cluster, tmp_path, hold_standbys=True)
-    ledger = read_ledger(run.url)
-    sent = sent_keys(run.provider)
-    with capsys.disabled():
-        print("\n" + summary("asynchronous, standbys held at the kill", run, ledger, sent))
-    assert all(f.in_flight > 0 for f in run.failovers), run.failovers
+    _, ledger, sent = chaos(cluster_factory, tmp_path, capsys, synchronous=False)
     # the hold made the new primary miss receipts of charges the provider received...
     assert ledger.recovered, "no receipt was lost: the hold did not take"
     # ...and none vanished: each is in the ledger, unknown and queued for an operator
