@@ -15,6 +15,7 @@ deliverer, and the verifier loop (orch8_py.verifier) settling unknown receipts.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import datetime as dt
 import logging
@@ -37,7 +38,7 @@ from .errors import StaleLease
 from .instance_state import SqlInstanceState
 from .retry import RetryPolicy
 from .sqlapi.base import Conn
-from .sqlapi.steps import Claimed, Finished
+from .sqlapi.steps import Claimed, Finished, LostReceipt
 from .steps import Handler, NotApplied, StepContext, StepError
 from .templates import TemplateError, params_scope, render
 from .verifier import Verifier
@@ -49,11 +50,18 @@ log = logging.getLogger("orch8.runner")
 # longer here only delays the first step after a failover.
 MAX_BACKOFF = 1.0
 # After an outage, every runner waits this long before it starts new steps, so that the
-# finish_step / keep_lost_receipt calls all runners had pending (each retried at least
+# finish_step / keep_lost_receipts calls all runners had pending (each retried at least
 # every MAX_BACKOFF through a pool that reconnects every db.RECONNECT_BACKOFF_CAP) land
 # first: a step whose claim and receipt were lost with an asynchronous primary is then
 # found recorded by whoever claims it, instead of being sent again (docs/HA.md).
 SETTLE_AFTER_OUTAGE = 2 * max(MAX_BACKOFF, db.RECONNECT_BACKOFF_CAP)
+# An asynchronous standby promoted by a failover lacks the primary's last commits. After
+# an outage the runner rechecks the receipts of the side effects it finished this long
+# before the database went away (at most RECENT_EFFECTS_KEPT of them): a step whose
+# begin_step and finish_step were both lost would otherwise be sent again when its lease
+# runs out (docs/HA.md).
+RECHECK_WINDOW = 30.0
+RECENT_EFFECTS_KEPT = 10_000
 DEFAULT_STEP_TIMEOUT = 300.0
 CONNECTION_ERRORS = db.CONNECTION_LOST
 T = TypeVar("T")
@@ -117,6 +125,11 @@ class Runner:
         self.db_host: str | None = None  # host:port of the server that last answered
         self.lost_since: float | None = None  # when the database stopped answering
         self.settle_until = 0.0  # no new steps before this (monotonic): SETTLE_AFTER_OUTAGE
+        self.recheck_since: float | None = None  # an outage began then: recheck receipts
+        # side effects finished lately, with when (monotonic): what a recheck sends
+        self.recent_effects: collections.deque[tuple[float, LostReceipt]] = collections.deque(
+            maxlen=RECENT_EFFECTS_KEPT
+        )
         self.inflight: dict[uuid.UUID, Claimed] = {}  # lease token -> claimed instance
         self.lock = threading.Lock()
         self.definitions: dict[tuple[str, uuid.UUID], dict[str, Any]] = {}
@@ -170,6 +183,7 @@ class Runner:
             before, self.db_host = self.db_host, host
             if since is not None:
                 self.settle_until = time.monotonic() + SETTLE_AFTER_OUTAGE
+                self.recheck_since = since
         if since is not None:
             log.warning(
                 "event=runner.db_reconnected host=%s was=%s after=%.1fs",
@@ -327,7 +341,9 @@ class Runner:
         log.info("event=runner.stop ticks=%d steps=%d", self.ticks, self.steps_run)
 
     def _settling(self, stop: threading.Event) -> bool:
-        """Wait out SETTLE_AFTER_OUTAGE when an outage just ended; True if it waited."""
+        """When an outage just ended: recheck recent receipts, then wait out
+        SETTLE_AFTER_OUTAGE; True if it waited."""
+        self._recheck_receipts()
         pause = self.settle_until - time.monotonic()
         if pause <= 0:
             return False
@@ -563,55 +579,76 @@ class Runner:
         call: Invocation,
         retry_in: dt.timedelta | None,
     ) -> Finished:
-        try:
-            return self._finish_under_lease(row, block_id, attempt, effect_id, call, retry_in)
-        except LeaseTaken:
-            if effect_id is not None:
-                self._keep_lost_receipt(row, block_id, attempt, effect_id, call)
-            raise
-
-    def _keep_lost_receipt(
-        self, row: Claimed, block_id: str, attempt: int, effect_id: uuid.UUID, call: Invocation
-    ) -> None:
-        """The lease is gone after a dispatch: make sure the receipt is not gone too (a
-        failover that lost both the claim and begin_step), or the next claimer sends again."""
-        try:
-            kept = self._call_until_done(
-                lambda c: sqlapi.steps.keep_lost_receipt(
-                    c,
-                    tenant_id=row.tenant_id,
-                    instance_id=row.id,
-                    block_id=block_id,
-                    attempt=attempt,
-                    effect_id=effect_id,
-                    result=call.result,
-                    output=call.output,
-                    error=call.error,
-                ),
-                stop_at=time.monotonic() + self.settings.lease,
-            )
-        except Exception as exc:  # nothing else can record it: say so loudly
-            log.error(
-                "event=step.receipt_unrecorded tenant=%s instance=%s block=%s effect=%s "
-                "result=%s output=%r error=%r",
+        lost = None
+        if effect_id is not None:
+            lost = LostReceipt(
                 row.tenant_id,
                 row.id,
                 block_id,
+                attempt,
                 effect_id,
                 call.result,
-                str(call.output)[:500],
-                str(exc)[:200],
+                call.output,
+                call.error,
             )
-            return
-        if kept:
-            log.error(
-                "event=step.receipt_recovered tenant=%s instance=%s block=%s effect=%s "
-                "reason='the lease and the receipt were lost with the primary'",
-                row.tenant_id,
-                row.id,
-                block_id,
-                effect_id,
+        try:
+            done = self._finish_under_lease(row, block_id, attempt, effect_id, call, retry_in)
+        except LeaseTaken:
+            if lost is not None:  # the lease is gone: make sure the receipt is not gone too
+                self._keep_lost_receipts([lost], "the lease and the receipt were lost")
+            raise
+        if lost is not None:
+            with self.lock:
+                self.recent_effects.append((time.monotonic(), lost))
+        return done
+
+    def _keep_lost_receipts(self, items: list[LostReceipt], reason: str) -> None:
+        """Record the receipts of these dispatched effects where a failover lost them (a
+        claim and begin_step lost together, or begin_step and finish_step), so whoever
+        runs the step next finds them and blocks instead of sending again."""
+        try:
+            answers = self._call_until_done(
+                lambda c: sqlapi.steps.keep_lost_receipts(c, items),
+                stop_at=time.monotonic() + self.settings.lease,
             )
+        except Exception as exc:  # nothing else can record them: say so loudly
+            answers = [(i.effect_id, f"not checked: {exc}") for i in items]
+        by_id = {i.effect_id: i for i in items}
+        for effect_id, outcome in answers:
+            item = by_id[effect_id]
+            if outcome == "recorded":
+                log.error(
+                    "event=step.receipt_recovered tenant=%s instance=%s block=%s effect=%s "
+                    "reason=%r",
+                    item.tenant_id,
+                    item.instance_id,
+                    item.block_id,
+                    effect_id,
+                    f"{reason} with the primary",
+                )
+            else:
+                log.error(
+                    "event=step.receipt_unrecorded tenant=%s instance=%s block=%s effect=%s "
+                    "result=%s output=%r error=%r",
+                    item.tenant_id,
+                    item.instance_id,
+                    item.block_id,
+                    effect_id,
+                    item.result,
+                    str(item.output)[:500],
+                    outcome[:200],
+                )
+
+    def _recheck_receipts(self) -> None:
+        """After an outage: the receipts of the side effects finished shortly before it."""
+        with self.lock:
+            since, self.recheck_since = self.recheck_since, None
+            if since is None:
+                return
+            items = [lost for at, lost in self.recent_effects if at >= since - RECHECK_WINDOW]
+        if items:
+            self._keep_lost_receipts(items, "begin_step and finish_step were lost")
+        log.info("event=runner.receipts_rechecked count=%d", len(items))
 
     def _finish_under_lease(
         self,

@@ -3,7 +3,7 @@
 -- whose lease was lost as well, so the next claim of the step blocks instead of resending.
 -- The lost writes are reproduced by deleting with triggers skipped, as a superuser.
 BEGIN;
-SELECT plan(14);
+SELECT plan(16);
 
 SELECT s.id AS seq
 FROM orch8.create_sequence('lr', 'tap', 'pay', '{"blocks": [
@@ -123,6 +123,24 @@ SELECT is(
         WHERE id = :'lost'
     ),
     'scheduled', 'keep_lost_receipt does not move the instance'
+);
+
+-- The runner's batch: a receipt that exists answers nothing, a refused one answers why.
+SELECT results_eq(
+    format(
+        $$SELECT effect_id, left(outcome, 5) FROM orch8.keep_lost_receipts(jsonb_build_array(
+            jsonb_build_object('tenant_id', 'lr', 'instance_id', %L, 'block_id', 'charge',
+                               'attempt', 0, 'effect_id', %L, 'result', 'ok', 'output', '{}'),
+            jsonb_build_object('tenant_id', 'lr', 'instance_id', %L, 'block_id', 'charge',
+                               'attempt', 0, 'effect_id', %L, 'result', 'ok', 'output', '{}')))$$,
+        :'lost', :'lost_effect', :'lost', :'held'
+    ),
+    format($$VALUES (%L::uuid, 'O8009')$$, :'held'),
+    'keep_lost_receipts skips an existing receipt and reports a refused one'
+);
+SELECT throws_ok(
+    $$SELECT * FROM orch8.keep_lost_receipts('{}')$$,
+    'O8008', NULL, 'keep_lost_receipts takes an array'
 );
 
 -- The next claim of the step meets the kept receipt: blocked, nothing dispatched.

@@ -5,6 +5,7 @@ once the node is promoted, and a runner that cannot work exits non-zero with the
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import logging
@@ -443,3 +444,63 @@ def test_pools_retry_a_lost_server_at_least_every_second(monkeypatch):
     server.close()
     gaps = [b - a for a, b in itertools.pairwise(attempts)]
     assert len(attempts) >= 5 and max(gaps) < 1.5, gaps
+
+
+SENT_ONCE: collections.Counter[str] = collections.Counter()
+
+
+@handler("test.ha.count")
+def _count(params, ctx):
+    SENT_ONCE[str(ctx.effect_id)] += 1
+    return {"receipt_id": "ch_done"}
+
+
+def test_after_an_outage_the_runner_rechecks_receipts_of_steps_it_just_finished(
+    db_url, conn, caplog
+):
+    """A failover that lost begin_step and finish_step while the claim survived: the new
+    primary has the instance running under the old lease and no receipt, and the runner
+    believes the step done. After the outage it rechecks what it finished shortly before
+    and records the receipt, so the claim that follows the lease blocks instead of sending."""
+    seq = make_sequence(conn, [{"type": "step", "id": "charge", "handler": "test.ha.count"}])
+    instance = start(conn, seq)
+    caplog.set_level(logging.INFO, logger="orch8.runner")
+    with running(db_url) as runner:
+        wait_for(conn, [instance])
+        [(effect_id, token)] = conn.execute(
+            "SELECT effect_id, lease_token FROM orch8.block_outputs"
+            " WHERE instance_id = %s AND effect_id IS NOT NULL LIMIT 1",
+            (instance,),
+        ).fetchall()
+        with conn.transaction():  # what the promoted standby never received
+            conn.execute("SET LOCAL session_replication_role = replica")
+            conn.execute(
+                "DELETE FROM orch8.effect_receipt_events WHERE receipt_id = %s", (effect_id,)
+            )
+            conn.execute("DELETE FROM orch8.block_outputs WHERE instance_id = %s", (instance,))
+            conn.execute("DELETE FROM orch8.effect_receipts WHERE id = %s", (effect_id,))
+            conn.execute(
+                "UPDATE orch8.task_instances SET state = 'running', lease_token = %s,"
+                " lease_owner = 'lost', lease_expires_at = orch8.now() + interval '1 hour',"
+                " current_block = 'charge', error = NULL WHERE id = %s",
+                (token, instance),
+            )
+        runner._lost(psycopg.OperationalError("the primary went away"))  # the outage seen
+        deadline = time.monotonic() + 30
+        while "event=step.receipt_recovered" not in caplog.text:
+            assert time.monotonic() < deadline, caplog.text
+            time.sleep(0.05)
+        # the old lease runs out: the next claim meets the recorded receipt
+        conn.execute(
+            "UPDATE orch8.task_instances SET lease_expires_at = orch8.now() - interval '1 second'"
+            " WHERE id = %s",
+            (instance,),
+        )
+        _, error = wait_for(conn, [instance], states=("failed", "waiting"))[instance]
+    assert "EffectBlocked" in error, error
+    assert SENT_ONCE[str(effect_id)] == 1
+    state, evidence = conn.execute(
+        "SELECT state::text, evidence FROM orch8.effect_receipts WHERE id = %s", (effect_id,)
+    ).fetchone()
+    assert state == "unknown" and evidence["handler_output"] == {"receipt_id": "ch_done"}
+    assert "event=runner.receipts_rechecked count=1" in caplog.text

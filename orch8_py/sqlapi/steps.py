@@ -137,38 +137,42 @@ def finish_step(
     )[0]
 
 
-def keep_lost_receipt(
-    conn: Conn,
-    *,
-    tenant_id: str,
-    instance_id: uuid.UUID,
-    block_id: str,
-    attempt: int,
-    effect_id: uuid.UUID,
-    result: str,
-    output: Any,
-    error: str | None,
-) -> bool:
-    """orch8.keep_lost_receipt: True when it recorded a receipt that was missing."""
-    return bool(
-        value(
-            conn,
-            "SELECT orch8.keep_lost_receipt(p_tenant_id => %(tenant)s,"
-            " p_instance_id => %(instance)s, p_block_id => %(block)s,"
-            " p_attempt => %(attempt)s, p_effect_id => %(effect)s, p_result => %(result)s,"
-            " p_output => %(output)s, p_error => %(error)s)",
-            {
-                "tenant": tenant_id,
-                "instance": instance_id,
-                "block": block_id,
-                "attempt": attempt,
-                "effect": effect_id,
-                "result": result,
-                "output": Jsonb(output),
-                "error": error,
-            },
-        )
+@dataclass(frozen=True)
+class LostReceipt:
+    """A side effect the runner dispatched and finished, as keep_lost_receipts takes it."""
+
+    tenant_id: str
+    instance_id: uuid.UUID
+    block_id: str
+    attempt: int
+    effect_id: uuid.UUID
+    result: str
+    output: Any
+    error: str | None
+
+
+def keep_lost_receipts(conn: Conn, items: list[LostReceipt]) -> list[tuple[uuid.UUID, str]]:
+    """orch8.keep_lost_receipts: (effect id, "recorded" or why not) for each receipt it
+    recorded or could not handle; nothing for receipts that exist."""
+    payload = [
+        {
+            "tenant_id": i.tenant_id,
+            "instance_id": str(i.instance_id),
+            "block_id": i.block_id,
+            "attempt": i.attempt,
+            "effect_id": str(i.effect_id),
+            "result": i.result,
+            "output": i.output,
+            "error": i.error,
+        }
+        for i in items
+    ]
+    rows = all_rows(
+        conn,
+        "SELECT effect_id, outcome FROM orch8.keep_lost_receipts(%(items)s)",
+        {"items": Jsonb(payload)},
     )
+    return [(r["effect_id"], r["outcome"]) for r in rows]
 
 
 def heartbeat_leases(

@@ -369,12 +369,52 @@ $$;
 COMMENT ON FUNCTION orch8.keep_lost_receipt(
     text, uuid, text, integer, uuid, text, jsonb, text
 ) IS
-'For a runner whose finish_step was refused (O8001) after its handler was dispatched: '
-'when the receipt is missing too (the claim and begin_step were both lost with a failed '
-'primary), records it as unknown with the handler''s answer (recover_lost_receipt), '
-'whatever the lease, so that begin_step of whoever claims the step next finds it and '
-'blocks instead of sending again. Returns true when it recorded one, false when the '
-'receipt exists. Only the id begin_step derives for this step (else O8009).';
+'keep_lost_receipts'' helper for one dispatched effect: when its receipt is missing (lost '
+'with a failed primary), records it as unknown with the handler''s answer '
+'(recover_lost_receipt), whatever the lease and without moving the instance, so that '
+'begin_step of whoever claims the step next finds it and blocks instead of sending again. '
+'Returns true when it recorded one, false when the receipt exists. Only the id '
+'begin_step derives for this step (else O8009).';
+
+CREATE OR REPLACE FUNCTION orch8.keep_lost_receipts(p_items jsonb)
+RETURNS TABLE (effect_id uuid, outcome text)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_item jsonb;
+BEGIN
+    IF jsonb_typeof(p_items) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'keep_lost_receipts takes a JSON array of receipts, got %',
+            coalesce(jsonb_typeof(p_items), 'NULL')
+            USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'items')::text;
+    END IF;
+    FOR v_item IN SELECT i.value FROM jsonb_array_elements(p_items) AS i (value) LOOP
+        effect_id := (v_item ->> 'effect_id')::uuid;
+        BEGIN
+            -- one receipt refused must not cost the others their record
+            IF orch8.keep_lost_receipt(
+                v_item ->> 'tenant_id', (v_item ->> 'instance_id')::uuid,
+                v_item ->> 'block_id', (v_item ->> 'attempt')::integer, effect_id,
+                v_item ->> 'result', v_item -> 'output', v_item ->> 'error') THEN
+                outcome := 'recorded';
+                RETURN NEXT;
+            END IF;
+        EXCEPTION WHEN OTHERS THEN
+            outcome := format('%s: %s', SQLSTATE, SQLERRM);
+            RETURN NEXT;
+        END;
+    END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.keep_lost_receipts(jsonb) IS
+'The runner''s record of receipts a failover may have lost: for each item {tenant_id, '
+'instance_id, block_id, attempt, effect_id, result, output, error}, keep_lost_receipt. '
+'Called after finish_step refused a lease following a dispatch, and after an outage for '
+'the side effects the runner finished shortly before it (their begin_step and finish_step '
+'may both be gone while the claim survived). Answers one row per receipt it recorded '
+'(outcome recorded) and per item it could not handle (outcome: the SQLSTATE and message), '
+'none for receipts that exist; each item runs in its own subtransaction.';
 
 CREATE OR REPLACE FUNCTION orch8.finish_step(
     p_tenant_id text,
