@@ -8,7 +8,7 @@ the primary (the relay stops passing WAL) at the kill: receipts written only on 
 primary are recorded again as unknown with the handler's answer and wait in the
 unresolved queue; no key the provider saw is missing from the ledger.
 
-`make chaos-ha` runs three failovers over 500 instances; `make test` one over fewer.
+`make chaos-ha` runs three failovers over 500 instances; `make test` one over 72.
 Without the Debian packages patroni and etcd-server the tests are skipped with a loud
 reason (a failure under CI=true, where .ci/run installs them)."""
 
@@ -31,7 +31,7 @@ from tests.http_provider import Provider
 from tests.runner_helpers import make_sequence, spawn_runner
 
 FAILOVERS = int(os.environ.get("ORCH8_HA_FAILOVERS", "1"))
-INSTANCES = int(os.environ.get("ORCH8_HA_INSTANCES", "120"))
+INSTANCES = int(os.environ.get("ORCH8_HA_INSTANCES", "72"))
 # A lease that outlasts the failover (Patroni ttl 10 s + loop_wait 2 s, docs/HA.md)
 RUNNER_ENV = {
     "ORCH8_LEASE_SECONDS": "20",
