@@ -21,7 +21,7 @@ test: lint typecheck pgtap plpgsql-check pytest
 
 lint: $(STAMP)
 	@echo "== sqlfluff"
-	$(BIN)/sqlfluff lint --disable-progress-bar sql sql_tests
+	$(BIN)/sqlfluff lint --disable-progress-bar --processes 0 sql sql_tests
 	@echo "== ruff"
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

@@ -439,11 +439,11 @@ def test_pools_retry_a_lost_server_at_least_every_second(monkeypatch):
         reconnect_timeout=60,
     )
     p.open(wait=False)
-    time.sleep(5.5)  # the pool's own retry schedule is what is measured: real time
+    time.sleep(3.6)  # the pool's own retry schedule is what is measured: real time
     p.close()
     server.close()
     gaps = [b - a for a, b in itertools.pairwise(attempts)]
-    assert len(attempts) >= 5 and max(gaps) < 1.5, gaps
+    assert len(attempts) >= 4 and max(gaps) < 1.5, gaps  # uncapped: 3 (at 0, 1 and 3 s)
 
 
 SENT_ONCE: collections.Counter[str] = collections.Counter()
