@@ -282,3 +282,35 @@ def test_asynchronous_failover_surfaces_every_lost_receipt(cluster_factory, tmp_
     assert all(state == "unknown" and queued for _, state, queued in ledger.recovered)
     assert ledger.blocked_without_receipt == 0
     assert set(ledger.states) <= {"completed", "failed", "waiting"}, ledger.states
+
+
+def test_the_patroni_config_in_the_docs_is_the_one_tested_here(monkeypatch):
+    """docs/HA.md's patroni.yml carries the settings this test's cluster runs with, and the
+    lease rule it states holds for the defaults and for the runners above. No cluster."""
+    import inspect
+    import re
+
+    import yaml
+
+    from orch8_py import config
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "HA.md").read_text()
+    [block] = re.findall(r"```yaml\n(.*?)```", doc, flags=re.S)
+    documented = yaml.safe_load(block)
+    harness = inspect.signature(patroni_cluster.Cluster).parameters
+    dcs = documented["bootstrap"]["dcs"]
+    assert (dcs["ttl"], dcs["loop_wait"]) == (harness["ttl"].default, harness["loop_wait"].default)
+    assert dcs["synchronous_mode"] is True
+    assert dcs["postgresql"]["use_pg_rewind"] is True
+    assert dcs["postgresql"]["parameters"] == {"wal_log_hints": "on", "synchronous_commit": "on"}
+    assert documented["postgresql"]["remove_data_directory_on_rewind_failure"] is True
+    assert "target_session_attrs=read-write" in doc
+    failover = dcs["ttl"] + dcs["loop_wait"]
+    monkeypatch.delenv("ORCH8_LEASE_SECONDS", raising=False)
+    monkeypatch.delenv("ORCH8_HEARTBEAT_SECONDS", raising=False)
+    defaults = config.load()
+    for lease, heartbeat in (
+        (defaults.lease, defaults.heartbeat),
+        (float(RUNNER_ENV["ORCH8_LEASE_SECONDS"]), float(RUNNER_ENV["ORCH8_HEARTBEAT_SECONDS"])),
+    ):
+        assert lease - heartbeat > failover, (lease, heartbeat)
