@@ -592,7 +592,21 @@ class Runner:
                 call.error,
             )
         try:
-            done = self._finish_under_lease(row, block_id, attempt, effect_id, call, retry_in)
+            done = self._call_until_done(
+                lambda c: sqlapi.steps.finish_step(
+                    c,
+                    tenant_id=row.tenant_id,
+                    instance_id=row.id,
+                    lease_token=row.lease_token,
+                    block_id=block_id,
+                    attempt=attempt,
+                    effect_id=effect_id,
+                    result=call.result,
+                    output=call.output,
+                    error=call.error,
+                    retry_in=retry_in,
+                )
+            )
         except LeaseTaken:
             if lost is not None:  # the lease is gone: make sure the receipt is not gone too
                 self._keep_lost_receipts([lost], "the lease and the receipt were lost")
@@ -649,31 +663,6 @@ class Runner:
         if items:
             self._keep_lost_receipts(items, "begin_step and finish_step were lost")
         log.info("event=runner.receipts_rechecked count=%d", len(items))
-
-    def _finish_under_lease(
-        self,
-        row: Claimed,
-        block_id: str,
-        attempt: int,
-        effect_id: uuid.UUID | None,
-        call: Invocation,
-        retry_in: dt.timedelta | None,
-    ) -> Finished:
-        return self._call_until_done(
-            lambda c: sqlapi.steps.finish_step(
-                c,
-                tenant_id=row.tenant_id,
-                instance_id=row.id,
-                lease_token=row.lease_token,
-                block_id=block_id,
-                attempt=attempt,
-                effect_id=effect_id,
-                result=call.result,
-                output=call.output,
-                error=call.error,
-                retry_in=retry_in,
-            )
-        )
 
     def _fail(self, row: Claimed, block_id: str, attempt: int, message: str) -> Finished:
         """Fail the instance for a reason found before any handler ran (no effect)."""
