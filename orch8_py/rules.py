@@ -158,7 +158,7 @@ SEQUENCE_LANGUAGE = (('definition', 'blocks', True, 'a non-empty array of blocks
  ('block_type', 'a_b_split', False, 'not supported yet'),
  ('block_type', 'cancellation_scope', False, 'not supported yet'),
  ('step', 'type', True, 'step'),
- ('step', 'id', True, 'unique among the blocks'),
+ ('step', 'id', True, 'unique among the blocks; A-Z a-z 0-9 _ -'),
  ('step', 'handler', True, 'the handler to run'),
  ('step', 'params', True, "the handler's parameters, with {{ }} templates"),
  ('step', 'timeout', True, 'milliseconds the handler may run'),

@@ -1,7 +1,7 @@
 -- Sequence definitions: the language (sequence_language), validate_sequence and each of
 -- its helpers, the one template grammar, and create_sequence / get_sequence.
 BEGIN;
-SELECT plan(55);
+SELECT plan(56);
 
 -- The DETAIL of the error a statement raises (NULL when it raises nothing).
 CREATE FUNCTION pg_temp.error_detail(p_sql text)
@@ -270,6 +270,14 @@ SELECT results_eq(
     $$VALUES ('$.b.id', 'id is longer than 200 characters'),
              ('$.b.type', 'unknown block type "teleport" (known: step)')$$,
     'sequence_block_problems: id length and an unknown type'
+);
+
+SELECT results_eq(
+    $$SELECT b.path, b.message FROM orch8.sequence_block_problems(
+        '{"id": "charge.v2", "type": "step", "handler": "noop"}', '$.b') AS b$$,
+    $$VALUES ('$.b.id', 'id "charge.v2" may hold only A-Z a-z 0-9 _ - (templates reach a '
+              || 'block as outputs.<id>, and execution paths join ids with other characters)')$$,
+    'sequence_block_problems: an id with a character templates and paths cannot carry'
 );
 
 SELECT results_eq(

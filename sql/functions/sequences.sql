@@ -120,6 +120,21 @@ COMMENT ON FUNCTION orch8.template_expression_pattern(text[]) IS
 'verifier''s lookup; group 1), then .segment parts of A-Z a-z 0-9 _ - (group 2), then '
 'optionally | ''fallback literal'' (group 3).';
 
+CREATE OR REPLACE FUNCTION orch8.block_id_pattern()
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+    SELECT '^[A-Za-z0-9_-]+$'
+$$;
+
+COMMENT ON FUNCTION orch8.block_id_pattern() IS
+'The characters a block id may hold: A-Z a-z 0-9 _ - (its length is the limit '
+'block_id_chars). They are the characters a template path segment reaches '
+'(outputs.<id>), and they leave / # [ ] . ~ free to join ids into execution paths '
+'(docs/ARCHITECTURE.md). Checked by validate_sequence for new definitions only.';
+
 CREATE OR REPLACE FUNCTION orch8.sequence_template_problems(
     p_text text, p_roots text[] DEFAULT orch8.template_roots()
 )
@@ -205,7 +220,7 @@ AS $$
     ('block_type', 'cancellation_scope', false, 'not supported yet'),
     -- a step
     ('step', 'type', true, 'step'),
-    ('step', 'id', true, 'unique among the blocks'),
+    ('step', 'id', true, 'unique among the blocks; A-Z a-z 0-9 _ -'),
     ('step', 'handler', true, 'the handler to run'),
     ('step', 'params', true, 'the handler''s parameters, with {{ }} templates'),
     ('step', 'timeout', true, 'milliseconds the handler may run'),
@@ -642,6 +657,11 @@ BEGIN
     ELSIF length(p_block ->> 'id') > orch8.limit_of('block_id_chars') THEN
         RETURN QUERY SELECT p_path || '.id',
             format('id is longer than %s characters', orch8.limit_of('block_id_chars'));
+    ELSIF p_block ->> 'id' !~ orch8.block_id_pattern() THEN
+        RETURN QUERY SELECT p_path || '.id',
+            format('id %s may hold only A-Z a-z 0-9 _ - (templates reach a block as '
+                   'outputs.<id>, and execution paths join ids with other characters)',
+                   to_json(p_block ->> 'id'));
     END IF;
     IF NOT p_block ? 'type' THEN
         RETURN QUERY SELECT p_path || '.type', 'type is required (step)';
@@ -665,7 +685,8 @@ END
 $$;
 
 COMMENT ON FUNCTION orch8.sequence_block_problems(jsonb, text) IS
-'Problems of one block: an object with an id (non-empty, at most block_id_chars) and a '
+'Problems of one block: an object with an id (non-empty, at most block_id_chars, matching '
+'block_id_pattern) and a '
 'type; a type the language knows but this engine does not run is not supported yet; a '
 'step is checked by sequence_step_problems.';
 
