@@ -18,8 +18,10 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import datetime as dt
+import json
 import logging
 import os
+import re
 import signal
 import socket
 import threading
@@ -27,20 +29,23 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import psycopg
 from psycopg_pool import ConnectionPool, PoolClosed
 
 from . import db, metrics, sqlapi
 from . import handlers as registry
-from .errors import StaleLease
+from .errors import NotFound, StaleLease
+from .expression import ExpressionError, truthy
 from .instance_state import SqlInstanceState
 from .retry import RetryPolicy
+from .schemas import input_problem, output_problem
+from .scope import evaluate, expression_scope, outputs_seen_from, roots
 from .sqlapi.base import Conn
-from .sqlapi.steps import Claimed, Finished, LostReceipt
+from .sqlapi.steps import Claimed, Finished, LostReceipt, Node, StoredSequence
 from .steps import Handler, NotApplied, StepContext, StepError
-from .templates import TemplateError, params_scope, render
+from .templates import TemplateError, params_scope, render_params
 from .verifier import Verifier
 
 log = logging.getLogger("orch8.runner")
@@ -95,7 +100,7 @@ class Invocation:
     """What a handler call came to: the result finish_step records, and for the retry
     policy whether (and by which code) it may be retried."""
 
-    result: str  # ok | error | not_applied
+    result: str  # ok | error | not_applied | skipped (when) | invalid_output (output_schema)
     output: Any
     error: str | None = None
     code: str | None = None
@@ -132,7 +137,7 @@ class Runner:
         )
         self.inflight: dict[uuid.UUID, Claimed] = {}  # lease token -> claimed instance
         self.lock = threading.Lock()
-        self.definitions: dict[tuple[str, uuid.UUID], dict[str, Any]] = {}
+        self.definitions: dict[tuple[str, uuid.UUID], StoredSequence] = {}
         self.builtins: dict[str, bool] | None = None  # builtin name -> has side effects
         # Twice the instance threads: a handler that overran its timeout keeps its thread
         # (Python cannot kill one), and the spare threads keep steps flowing meanwhile.
@@ -222,13 +227,11 @@ class Runner:
         """orch8.handler_has_side_effects: a side-effecting builtin, or any other name."""
         return self._builtins().get(handler, True)
 
-    def definition(self, tenant: str, sequence_id: uuid.UUID) -> dict[str, Any]:
+    def definition(self, tenant: str, sequence_id: uuid.UUID) -> StoredSequence:
         key = (tenant, sequence_id)
         if key not in self.definitions:  # sequences are immutable: cache forever
             self.definitions[key] = self._call_until_done(
-                lambda c: sqlapi.steps.sequence_definition(
-                    c, tenant_id=tenant, sequence_id=sequence_id
-                )
+                lambda c: sqlapi.steps.stored_sequence(c, tenant_id=tenant, sequence_id=sequence_id)
             )
         return self.definitions[key]
 
@@ -404,7 +407,7 @@ class Runner:
             for token in lost:
                 log.warning("event=runner.lease_lost token=%s", token)
 
-    # --- one instance ---------------------------------------------------------------
+    # --- one chain of nodes ---------------------------------------------------------
 
     def _run_instance(self, row: Claimed) -> None:
         try:
@@ -426,16 +429,13 @@ class Runner:
                 self.inflight.pop(row.lease_token, None)
 
     def _steps(self, row: Claimed) -> None:
-        """Run the instance's steps back to back while it holds the lease: the block and
-        its attempt come from the claim, then from each finish_step."""
-        blocks = {
-            b.get("id"): b
-            for b in self.definition(row.tenant_id, row.sequence_id).get("blocks") or []
-            if isinstance(b, dict)
-        }
-        outputs = {k: v.get("output") for k, v in (row.progress or {}).items()}
-        block_id, attempt = row.current_block, row.current_attempt
-        while block_id is not None:
+        """Run the claimed node, then each node the database hands over under the same
+        lease (the next step of the same list, a branch, a composite asking for a value),
+        until none is left for this runner."""
+        sequence = self.definition(row.tenant_id, row.sequence_id)
+        progress = dict(row.progress or {})
+        node: Node | None = row.node
+        while node is not None:
             if self.draining.is_set():
                 self._call_until_done(
                     lambda c: sqlapi.steps.release_lease(
@@ -447,39 +447,67 @@ class Runner:
                     )
                 )
                 return
-            done = self._step(row, blocks.get(block_id) or {"id": block_id}, attempt, outputs)
-            if done.state != "running" or done.next_block is None:
-                return
-            block_id, attempt = done.next_block, done.next_attempt or 0
+            if node.kind in ("loop", "for_each", "router"):
+                done = self._decide(row, sequence, node, progress)
+            elif node.kind == "sub_sequence":
+                done = self._child(row, sequence, node, progress)
+            else:
+                done = self._step(row, node_block(sequence, node), node, progress)
+            if done.progress is not None:
+                progress = dict(done.progress)
+            node = done.next
 
     def _step(
-        self, row: Claimed, block: dict[str, Any], attempt: int, outputs: dict[str, Any]
+        self, row: Claimed, block: dict[str, Any], node: Node, progress: dict[str, Any]
     ) -> Finished:
-        """One step: check it can run here, render its params, begin it (receipt before
-        dispatch), call the handler, finish it. ``outputs`` gains its output."""
-        block_id = block["id"]
-        where = f"tenant={row.tenant_id} instance={row.id} block={block_id} attempt={attempt}"
+        """One step: check it can run here, evaluate its when, render its params, begin it
+        (receipt before dispatch), call the handler, finish it. ``progress`` gains its
+        output."""
+        path, attempt = node.path, node.attempt
+        where = f"tenant={row.tenant_id} instance={row.id} block={path} attempt={attempt}"
         fn, problem = self._handler_of(block)
         if fn is None:
             log.warning("event=step.not_runnable %s reason=%r", where, problem)
-            return self._fail(row, block_id, attempt, problem)
+            return self._fail(row, path, attempt, problem)
         name = block["handler"]
+        outputs = outputs_seen_from(progress, path)
+        if node.kind == "step" and isinstance(block.get("when"), str):
+            try:
+                value = evaluate(
+                    block["when"],
+                    expression_scope(row.context, outputs, node.vars, attempt=attempt),
+                    roots(node.vars),
+                )
+            except ExpressionError as exc:
+                return self._fail(row, path, attempt, f"block {path!r}: when: {exc}")
+            if not truthy(value):
+                log.info("event=step.skipped %s when=%r", where, block["when"])
+                return self._finish(
+                    row,
+                    path,
+                    attempt,
+                    None,
+                    Invocation("skipped", {"when": block["when"], "value": value}),
+                    None,
+                )
         try:
-            params = render(
-                block.get("params") or {}, params_scope(row.context, row.id, attempt, outputs)
+            params = render_params(
+                block.get("params") or {},
+                params_scope(row.context, row.id, attempt, outputs, node.vars),
+                node.vars,
             )
         except TemplateError as exc:
-            return self._fail(row, block_id, attempt, f"block {block_id!r}: {exc}")
+            return self._fail(row, path, attempt, f"block {path!r}: {exc}")
 
         effect_id = idempotency_key = None
         if self.has_side_effects(name):
-            began = self._begin(row, block_id, name, params, attempt)
-            if began.outcome == "stopped":  # paused or cancelled by an operator
+            began = self._begin(row, path, name, params, attempt)
+            if began.outcome == "stopped":  # its branch was cancelled, or a pause/cancel
                 log.info("event=step.stopped %s state=%s", where, began.detail)
-                return Finished(began.detail or "paused", None, None)
+                return Finished(began.detail or "paused")
             if began.outcome is not None and began.outcome != "dispatched":
-                # begin_step recorded why and moved the instance (failed, or waiting for
-                # the receipt's verifier): this runner stops here
+                # begin_step recorded why and moved the node (failed, or waiting for the
+                # receipt's verifier, or blocked): this runner stops here
                 log.warning(
                     "event=step.refused %s outcome=%s effect=%s state=%s detail=%r",
                     where,
@@ -488,15 +516,15 @@ class Runner:
                     began.state,
                     began.detail,
                 )
-                return Finished("stopped", None, None)
+                return Finished("stopped")
             effect_id, idempotency_key = began.effect_id, began.idempotency_key
-            fault_point("after_dispatch")
+            fault_point("after_dispatch", path)
 
         timeout = float(block.get("timeout", DEFAULT_STEP_TIMEOUT * 1000)) / 1000
         ctx = StepContext(
             tenant_id=row.tenant_id,
             instance_id=row.id,
-            block_id=block_id,
+            block_id=path,
             attempt=attempt,
             handler=name,
             effect_id=effect_id,
@@ -505,20 +533,21 @@ class Runner:
             outputs=outputs,
             timeout=timeout,
             state=SqlInstanceState(self.pool.connection, row.tenant_id, row.id, row.lease_token),
+            vars=node.vars,
         )
         metrics.step_started(name, effect_id is not None)
         started = time.monotonic()
         call = self._invoke(fn, params, ctx, timeout)
+        if call.result == "ok" and isinstance(block.get("output_schema"), dict):
+            call = checked_output(call, block["output_schema"])
         with self.lock:
             self.steps_run += 1
         if effect_id is not None:
-            fault_point("before_finish")
+            fault_point("before_finish", path)
         retry_in = None
-        if call.result != "ok":
-            retry_in = RetryPolicy.from_block(block).next_delay(
-                attempt, retryable=call.retryable, code=call.code
-            )
-        done = self._finish(row, block_id, attempt, effect_id, call, retry_in)
+        if call.result in ("error", "not_applied"):
+            retry_in = self._retry_delay(row, block, node, outputs, attempt, call)
+        done = self._finish(row, path, attempt, effect_id, call, retry_in)
         metrics.step_finished(name, call.result, done.state, time.monotonic() - started)
         log.info(
             "event=step.done %s handler=%s effect=%s result=%s state=%s ms=%d%s",
@@ -531,8 +560,153 @@ class Runner:
             f" error={call.error!r}" if call.error else "",
         )
         if call.result == "ok":
-            outputs[block_id] = call.output
+            progress[path] = {"attempt": attempt, "sentinel": None, "output": call.output}
         return done
+
+    def _retry_delay(
+        self,
+        row: Claimed,
+        block: dict[str, Any],
+        node: Node,
+        outputs: dict[str, Any],
+        attempt: int,
+        call: Invocation,
+    ) -> dt.timedelta | None:
+        """The step's retry policy, and its retry_if over the error."""
+        delay = RetryPolicy.from_block(block).next_delay(
+            attempt, retryable=call.retryable, code=call.code
+        )
+        retry_if = (block.get("retry") or {}).get("retry_if")
+        if delay is None or not isinstance(retry_if, str):
+            return delay
+        error = {"message": call.error, "code": call.code, "attempt": attempt}
+        scope = expression_scope(row.context, outputs, {**node.vars, "error": error})
+        try:
+            again = truthy(evaluate(retry_if, scope, roots(node.vars, "error")))
+        except ExpressionError as exc:
+            log.warning("event=step.retry_if_failed block=%s error=%r", node.path, str(exc))
+            return None
+        return delay if again else None
+
+    def _decide(
+        self, row: Claimed, sequence: StoredSequence, node: Node, progress: dict[str, Any]
+    ) -> Finished:
+        """A loop's condition or break_on, a for_each's collection, a router's route:
+        evaluated here, answered with orch8.decide."""
+        block = sequence.blocks.get(node.block_id or "") or {}
+        variables = dict(node.vars)
+        if node.kind == "loop":
+            variables["iteration"] = node.position
+        scope = expression_scope(row.context, outputs_seen_from(progress, node.path), variables)
+        names = roots(variables)
+        value: Any = None
+        error = None
+        try:
+            if node.kind == "loop":
+                value = truthy(evaluate(block[node.phase or "condition"], scope, names))
+            elif node.kind == "for_each":
+                value = evaluate(block["collection"], scope, names)
+                if not isinstance(value, list):
+                    error = (
+                        f"collection {block['collection']!r} is {json.dumps(value)[:100]}, "
+                        "not a list"
+                    )
+            else:
+                for i, route in enumerate(block.get("routes") or []):
+                    if truthy(evaluate(route["condition"], scope, names)):
+                        value = i
+                        break
+        except ExpressionError as exc:
+            error = str(exc)
+        except (KeyError, TypeError) as exc:  # a definition stored before it was checked
+            error = f"the block cannot be evaluated: {exc!r}"
+        log.info(
+            "event=node.decided tenant=%s instance=%s block=%s asking=%s value=%s%s",
+            row.tenant_id,
+            row.id,
+            node.path,
+            node.phase,
+            json.dumps(value)[:200],
+            f" error={error!r}" if error else "",
+        )
+        return self._call_until_done(
+            lambda c: sqlapi.steps.decide(
+                c,
+                tenant_id=row.tenant_id,
+                instance_id=row.id,
+                lease_token=row.lease_token,
+                path=node.path,
+                value=None if error else value,
+                error=error,
+            )
+        )
+
+    def _child(
+        self, row: Claimed, sequence: StoredSequence, node: Node, progress: dict[str, Any]
+    ) -> Finished:
+        """A sub_sequence: start its child (input rendered and checked against the child's
+        input_schema here), or collect the child that ended."""
+        block = sequence.blocks.get(node.block_id or "") or {}
+        child_id = input_ = error = None
+        if node.child_instance_id is None:
+            try:
+                child = self._child_sequence(row, sequence, block)
+                input_ = render_params(
+                    block.get("input") or {},
+                    params_scope(
+                        row.context,
+                        row.id,
+                        node.attempt,
+                        outputs_seen_from(progress, node.path),
+                        node.vars,
+                    ),
+                    node.vars,
+                )
+                if not isinstance(input_, dict):
+                    raise TemplateError("input must render to a JSON object")
+                child_id = child.id
+                error = input_problem(child.definition, input_)
+            except (TemplateError, NotFound) as exc:
+                error = f"block {node.path!r}: {exc}"
+        log.info(
+            "event=node.child tenant=%s instance=%s block=%s child=%s%s",
+            row.tenant_id,
+            row.id,
+            node.path,
+            node.child_instance_id or "new",
+            f" error={error!r}" if error else "",
+        )
+        return self._call_until_done(
+            lambda c: sqlapi.steps.run_child(
+                c,
+                tenant_id=row.tenant_id,
+                instance_id=row.id,
+                lease_token=row.lease_token,
+                path=node.path,
+                sequence_id=child_id,
+                input_=None if error else input_,
+                error=error,
+            )
+        )
+
+    def _child_sequence(
+        self, row: Claimed, sequence: StoredSequence, block: dict[str, Any]
+    ) -> ChildSequence:
+        namespace = block.get("namespace") or sequence.namespace
+        name = str(block.get("sequence_name"))
+        found = self._call_until_done(
+            lambda c: sqlapi.sequences.get_sequence(
+                c,
+                tenant_id=row.tenant_id,
+                namespace=namespace,
+                name=name,
+                version=block.get("version"),
+            )
+        )
+        if found is None:
+            version = f" version {block['version']}" if "version" in block else ""
+            raise NotFound(f"sequence {namespace}/{name}{version} not found")
+        return ChildSequence(found["id"], found["definition"])
 
     def _handler_of(self, block: dict[str, Any]) -> tuple[Handler | None, str]:
         """The handler a step names, or why this runner cannot run the block (a definition
@@ -605,6 +779,7 @@ class Runner:
                     output=call.output,
                     error=call.error,
                     retry_in=retry_in,
+                    error_code=call.code,
                 )
             )
         except LeaseTaken:
@@ -704,13 +879,43 @@ class Runner:
             return Invocation("error", {}, f"{type(exc).__name__}: {exc}")
 
 
-def fault_point(name: str) -> None:
-    """Test hook: ORCH8_FAULT_POINT=<name> kills this process with SIGKILL right here.
+class ChildSequence(NamedTuple):
+    """The sequence a sub_sequence's child runs: its id and definition."""
+
+    id: uuid.UUID
+    definition: dict[str, Any]
+
+
+def node_block(sequence: StoredSequence, node: Node) -> dict[str, Any]:
+    """The block a step or compensation node runs (orch8.instance_step says the same): a
+    compensation is its step's ``compensation`` with the step's id."""
+    block = sequence.blocks.get(node.block_id or "") or {"id": node.block_id or node.path}
+    if node.kind == "compensation":
+        return {**(block.get("compensation") or {}), "id": block.get("id"), "type": "step"}
+    return block
+
+
+def checked_output(call: Invocation, schema: dict[str, Any]) -> Invocation:
+    """A successful call whose output breaks the step's output_schema becomes
+    invalid_output: it happened, and no retry repairs it."""
+    problem = output_problem(schema, call.output)
+    if problem is None:
+        return call
+    return Invocation("invalid_output", call.output, problem, "output_schema", retryable=False)
+
+
+def fault_point(name: str, path: str | None = None) -> None:
+    """Test hook: ORCH8_FAULT_POINT=<name> kills this process with SIGKILL right here;
+    with ORCH8_FAULT_PATH=<regex>, only at a node whose path matches (a step inside a
+    branch, an iteration, a compensation).
 
     after_dispatch: the receipt is dispatched, the handler has not run.
     before_finish: the handler of a side-effecting step returned, nothing recorded yet.
     before_verdict: a verifier asked the provider, its verdict is not recorded yet.
     """
+    where = os.environ.get("ORCH8_FAULT_PATH")
+    if where and not (path and re.search(where, path)):
+        return
     if os.environ.get("ORCH8_FAULT_POINT") == name:
         log.warning("event=fault_point name=%s action=SIGKILL", name)
         logging.shutdown()

@@ -52,6 +52,8 @@ def params_of(found: ReceiptInContext) -> dict[str, Any]:
             found.progress,
             found.receipt["instance_id"],
             found.receipt["attempt"],
+            found.receipt["block_id"],
+            found.vars,
         )
     except TemplateError as exc:
         raise InvalidInput(

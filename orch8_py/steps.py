@@ -59,15 +59,18 @@ class InstanceState(Protocol):
 class StepContext:
     tenant_id: str
     instance_id: uuid.UUID
-    block_id: str
+    block_id: str  # the node's path: a top-level block's id, else e.g. items[3]/charge
     attempt: int
     handler: str
     effect_id: uuid.UUID | None  # set for side-effecting handlers: the receipt's id
     context: dict[str, Any]  # {"data": ..., "config": ..., "runtime": ...}
-    outputs: dict[str, Any]  # block id -> latest output
+    outputs: dict[str, Any]  # block id -> its output as this node sees it (orch8_py.scope)
     timeout: float  # seconds the handler has
     state: InstanceState | None = None  # per-instance key-value store, when the runner has one
     extra: dict[str, Any] = field(default_factory=dict)
+    # the variables bound around the step: a for_each's item and index, a loop's
+    # iteration, a catch's error ({} at the top level)
+    vars: dict[str, Any] = field(default_factory=dict)
     # The key the receipt records, to send as the provider's idempotency key: the step's
     # idempotency_key param, else one key for every attempt when the step declares
     # provider_idempotency, else the effect id. None for pure handlers.

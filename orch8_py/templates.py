@@ -1,6 +1,7 @@
 """Template placeholders in step params: ``{{ data.x }}``, ``{{ config.x }}``,
-``{{ outputs.<block>.<path> }}``, ``{{ instance_id }}``, ``{{ runtime.attempt }}``, with
-a fallback ``{{ data.a | 'default' }}``.
+``{{ outputs.<block>.<path> }}``, ``{{ instance_id }}``, ``{{ runtime.attempt }}``, the
+variables bound around the step (``{{ item.sku }}``, ``{{ index }}``, ``{{ iteration }}``,
+``{{ error.message }}``), with a fallback ``{{ data.a | 'default' }}``.
 
 The grammar is the database's (orch8.template_placeholder_pattern and
 orch8.template_expression_pattern, through rules.py), so what the validator accepts is
@@ -11,12 +12,14 @@ A missing path without a fallback raises TemplateError naming the placeholder.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from . import rules
+from .scope import outputs_seen_from
 
 PLACEHOLDER = re.compile(rules.TEMPLATE_PLACEHOLDER, re.DOTALL)
 
@@ -34,6 +37,20 @@ VERIFY = Grammar(rules.VERIFY_TEMPLATE_ROOTS, re.compile(rules.VERIFY_TEMPLATE_E
 WHITESPACE = " \t\r\n"  # what the validator trims around an expression (btrim)
 
 _MISSING = object()
+
+
+@functools.lru_cache(maxsize=256)
+def params_grammar(variables: tuple[str, ...] = ()) -> Grammar:
+    """The grammar of a step's params where ``variables`` are bound (for_each's item and
+    index, a loop's iteration, a catch's error): the database's pattern with those roots
+    added, as the validator checks it (orch8.template_expression_pattern)."""
+    if not variables:
+        return PARAMS
+    names = (*rules.TEMPLATE_ROOTS, *variables)
+    pattern = rules.TEMPLATE_EXPRESSION_SHAPE.replace(
+        "(ROOTS)", "(" + "|".join(re.escape(n) for n in names) + ")", 1
+    )
+    return Grammar(names, re.compile(pattern))
 
 
 class TemplateError(ValueError):
@@ -90,16 +107,30 @@ def _render_string(text: str, scope: dict[str, Any], grammar: Grammar) -> Any:
 
 
 def params_scope(
-    context: dict[str, Any], instance_id: Any, attempt: int, outputs: dict[str, Any]
+    context: dict[str, Any],
+    instance_id: Any,
+    attempt: int,
+    outputs: dict[str, Any],
+    variables: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """What {{ templates }} in a step's params see (rules.TEMPLATE_ROOTS)."""
+    """What {{ templates }} in a step's params see (rules.TEMPLATE_ROOTS, and the
+    variables bound around the step)."""
     return {
         "data": context.get("data", {}),
         "config": context.get("config", {}),
         "outputs": outputs,
         "instance_id": str(instance_id),
         "runtime": {**context.get("runtime", {}), "attempt": attempt},
+        **(variables or {}),
     }
+
+
+def render_params(
+    params: Any, scope: dict[str, Any], variables: dict[str, Any] | None = None
+) -> Any:
+    """Render a step's params (or a sub_sequence's input) with the grammar of the variables
+    in scope. Raises TemplateError."""
+    return render(params, scope, params_grammar(tuple(variables or ())))
 
 
 def params_as_sent(
@@ -108,14 +139,19 @@ def params_as_sent(
     progress: dict[str, Any],
     instance_id: Any,
     attempt: int,
+    path: str | None = None,
+    variables: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A step's params rendered again as the runner rendered them for ``attempt``, from the
-    instance's context and progress (orch8.instance_progress). Templates are
-    deterministic; the verifier still checks the result against the receipt's request
-    hash before relying on it. Raises TemplateError."""
-    outputs = {k: v.get("output") for k, v in progress.items()}
-    rendered = render(
-        step.get("params") or {}, params_scope(context, instance_id, attempt, outputs)
+    instance's context and progress (orch8.instance_progress), as seen from the step's
+    node (its path and variables). Templates are deterministic; the verifier still checks
+    the result against the receipt's request hash before relying on it. Raises
+    TemplateError."""
+    outputs = outputs_seen_from(progress, path if path is not None else str(step.get("id")))
+    rendered = render_params(
+        step.get("params") or {},
+        params_scope(context, instance_id, attempt, outputs, variables),
+        variables,
     )
     return rendered if isinstance(rendered, dict) else {}
 

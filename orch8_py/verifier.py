@@ -35,6 +35,7 @@ from typing import Any
 
 from . import db, expression, handlers, rules, sqlapi
 from .handlers import http as _http
+from .scope import outputs_seen_from
 from .settlement import derive_output
 from .sqlapi.base import Conn
 from .sqlapi.effects import VerificationClaim
@@ -142,10 +143,16 @@ class Verifier:
         self, claim: VerificationClaim, receipt: EffectReceipt, step: dict[str, Any]
     ) -> tuple[dict[str, Any], Verdict]:
         """The step's params as sent, and what the verifier says."""
-        outputs = {k: v.get("output") for k, v in (claim.progress or {}).items()}
+        outputs = outputs_seen_from(claim.progress or {}, receipt.block_id)
         try:
             params = params_as_sent(
-                step, claim.context, claim.progress or {}, receipt.instance_id, receipt.attempt
+                step,
+                claim.context,
+                claim.progress or {},
+                receipt.instance_id,
+                receipt.attempt,
+                receipt.block_id,
+                claim.vars or {},
             )
         except TemplateError as exc:
             return {}, Inconclusive(f"the step's params no longer render: {exc}")
@@ -171,6 +178,7 @@ class Verifier:
             context=claim.context,
             outputs=outputs,
             timeout=timeout,
+            vars=claim.vars or {},
         )
         method = {"http": self._http, "replay": self._replay, "handler": self._handler}.get(
             claim.method

@@ -33,7 +33,8 @@ def verified_sequence(conn, tenant: str, *, then: list | None = None) -> uuid.UU
 
 def _claim(conn, instance: uuid.UUID) -> uuid.UUID:
     rows = conn.execute(
-        "SELECT tenant_id, id, lease_token FROM orch8.claim_due_instances('w1', 50, '30 seconds')"
+        "SELECT tenant_id, instance_id AS id, lease_token"
+        " FROM orch8.claim_due_nodes('w1', 50, '30 seconds')"
     ).fetchall()
     token = None
     for tenant, iid, tok in rows:

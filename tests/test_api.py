@@ -54,7 +54,7 @@ def charge(params, ctx):
 
 def claim(conn, instance):
     rows = conn.execute(
-        "SELECT id, lease_token FROM orch8.claim_due_instances('w1', 10, '30 seconds')"
+        "SELECT instance_id AS id, lease_token FROM orch8.claim_due_nodes('w1', 10, '30 seconds')"
     ).fetchall()
     token = None
     for iid, tok in rows:
@@ -503,7 +503,7 @@ def test_instance_detail_outputs_audit_and_signals(conn, api, as_role):
     inst = ok(api.post("/instances", {"sequence": "hello", "data": {"a": 1}}), 201)["id"]
     detail = ok(api.get(f"/instances/{inst}"))
     assert detail["context"] == {"data": {"a": 1}, "config": {}, "runtime": {}}
-    assert detail["current_block"] is None and detail["error"] is None
+    assert detail["current_block"] == "hello" and detail["error"] is None  # its next block
     assert detail["requested_state"] is None and "lease_token" not in detail
     assert ok(api.get(f"/instances/{inst}/outputs"))["items"] == []
     assert [t["to_state"] for t in ok(api.get(f"/instances/{inst}/audit"))["items"]] == [

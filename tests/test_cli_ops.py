@@ -64,7 +64,7 @@ def fail_with_unknown_receipt(conn, seq) -> tuple[uuid.UUID, uuid.UUID]:
 
     def claim():
         return conn.execute(
-            "SELECT lease_token FROM orch8.claim_due_instances('w1', 1, '30 seconds')"
+            "SELECT lease_token FROM orch8.claim_due_nodes('w1', 1, '30 seconds')"
         ).fetchone()[0]
 
     def begin(token):
@@ -570,7 +570,7 @@ def test_resolve_an_http_request_with_the_providers_response(db_url, conn):
     )
     a = start(conn, seq)
     token = conn.execute(
-        "SELECT lease_token FROM orch8.claim_due_instances('w1', 1, '30 seconds')"
+        "SELECT lease_token FROM orch8.claim_due_nodes('w1', 1, '30 seconds')"
     ).fetchone()[0]
     begin = (
         "SELECT outcome, effect_id FROM orch8.begin_step(%s, %s, %s, 'charge', 'http_request',"
@@ -579,7 +579,7 @@ def test_resolve_an_http_request_with_the_providers_response(db_url, conn):
     conn.execute(begin, (TENANT, a, token, Jsonb(params)))
     conn.execute("SELECT orch8.release_lease(%s, %s, %s)", (TENANT, a, token))
     token = conn.execute(
-        "SELECT lease_token FROM orch8.claim_due_instances('w1', 1, '30 seconds')"
+        "SELECT lease_token FROM orch8.claim_due_nodes('w1', 1, '30 seconds')"
     ).fetchone()[0]
     outcome, effect_id = conn.execute(begin, (TENANT, a, token, Jsonb(params))).fetchone()
     assert outcome == "blocked"

@@ -50,7 +50,7 @@ def closed_port() -> int:
 
 def _claim(conn) -> uuid.UUID:
     return conn.execute(
-        "SELECT lease_token FROM orch8.claim_due_instances('w1', 1, '30 seconds')"
+        "SELECT lease_token FROM orch8.claim_due_nodes('w1', 1, '30 seconds')"
     ).fetchone()[0]
 
 

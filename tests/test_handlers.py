@@ -626,13 +626,15 @@ def claimed(conn):
     """(instance id, lease token) of a freshly claimed instance."""
     seq_id = conn.execute(
         "INSERT INTO orch8.sequences (tenant_id, name, version, definition)"
-        " VALUES ('t1', 'flow', 1, '{}') RETURNING id"
+        " VALUES ('t1', 'flow', 1,"
+        " '{\"blocks\": [{\"id\": \"a\", \"type\": \"step\", \"handler\": \"noop\"}]}')"
+        " RETURNING id"
     ).fetchone()[0]
     instance_id = conn.execute(
         "SELECT id FROM orch8.create_instance('t1', %s)", (seq_id,)
     ).fetchone()[0]
     token = conn.execute(
-        "SELECT lease_token FROM orch8.claim_due_instances('w1', 1, '30 seconds')"
+        "SELECT lease_token FROM orch8.claim_due_nodes('w1', 1, '30 seconds')"
     ).fetchone()[0]
     return instance_id, token
 

@@ -43,7 +43,7 @@ def create(conn, sequence_id, **kw):
 
 def claim(conn, worker, batch=10, lease="30 seconds"):
     return conn.execute(
-        "SELECT id, lease_token FROM orch8.claim_due_instances(%s, %s, %s::interval)",
+        "SELECT instance_id AS id, lease_token FROM orch8.claim_due_nodes(%s, %s, %s::interval)",
         (worker, batch, lease),
     ).fetchall()
 
@@ -83,15 +83,19 @@ def test_claim_uses_the_partial_index(conn, sequence_id):
     for _ in range(50):
         create(conn, sequence_id)
     conn.execute("ANALYZE orch8.task_instances")
+    conn.execute("ANALYZE orch8.execution_nodes")
     plan = "\n".join(
         r[0]
-        for r in conn.execute(
-            "EXPLAIN SELECT t.tenant_id, t.id FROM orch8.task_instances AS t"
-            " WHERE t.state = 'scheduled' AND t.next_fire_at <= orch8.now()"
-            " ORDER BY t.priority DESC, t.next_fire_at LIMIT 10 FOR UPDATE SKIP LOCKED"
+        for r in conn.execute(  # the due nodes, as orch8.claim_due_nodes selects them
+            "EXPLAIN SELECT n.tenant_id, n.instance_id, n.path FROM orch8.execution_nodes AS n"
+            " JOIN orch8.task_instances AS t ON t.tenant_id = n.tenant_id AND t.id = n.instance_id"
+            " WHERE n.state = 'ready' AND n.next_fire_at <= orch8.now()"
+            " AND t.state IN ('scheduled', 'running', 'waiting')"
+            " AND t.requested_state IS DISTINCT FROM 'paused'"
+            " ORDER BY n.priority DESC, n.next_fire_at LIMIT 10 FOR UPDATE OF n, t SKIP LOCKED"
         )
     )
-    assert "task_instances_due_idx" in plan, plan
+    assert "execution_nodes_ready_idx" in plan, plan
 
 
 def test_concurrent_claimers_never_share_an_instance(db_url, conn, sequence_id):
@@ -170,7 +174,7 @@ def test_heartbeat_extends_held_leases_only(conn, sequence_id):
     }
     assert held == set(tokens)
     remaining = conn.execute(
-        "SELECT min(lease_expires_at - orch8.now()) FROM orch8.task_instances"
+        "SELECT min(lease_expires_at - orch8.now()) FROM orch8.execution_nodes"
     ).fetchone()[0]
     assert 55 < remaining.total_seconds() <= 60  # was 5 s before the heartbeat
 
@@ -180,9 +184,12 @@ def test_release_and_illegal_transitions(conn, sequence_id):
     [(_, token)] = claim(conn, "w1")
     conn.execute("SELECT orch8.release_lease(%s, %s, %s)", (TENANT, instance, token))
     row = conn.execute(
-        "SELECT state::text, lease_token FROM orch8.task_instances WHERE id = %s", (instance,)
+        "SELECT t.state::text, n.state::text, n.lease_token FROM orch8.task_instances AS t"
+        " JOIN orch8.execution_nodes AS n ON n.instance_id = t.id AND n.path = 'a'"
+        " WHERE t.id = %s",
+        (instance,),
     ).fetchone()
-    assert row == ("scheduled", None)
+    assert row == ("scheduled", "ready", None)
     with pytest.raises(StaleLease), engine_errors():
         conn.execute("SELECT orch8.release_lease(%s, %s, %s)", (TENANT, instance, token))
     with pytest.raises(InvalidTransition), engine_errors():

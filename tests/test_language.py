@@ -1,6 +1,7 @@
 """The sequence language accepts only what runs: every field orch8.sequence_language()
-lists as supported has a test here that runs a real instance on a real runner and shows
-that the field changes what happens. A field added to the language without such a test
+lists as supported has a test (here for steps, in tests/test_workflows.py for the
+composite blocks) that runs a real instance on a real runner and shows that the field
+changes what happens. A field added to the language without such a test
 fails test_every_supported_field_is_proven_end_to_end.
 
 Definitions stored before a field was refused keep running as they were stored, and
@@ -9,7 +10,6 @@ Definitions stored before a field was refused keep running as they were stored, 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,6 +25,7 @@ from orch8_py.steps import (
 )
 from tests.cli_helpers import orch8_env, run_orch8
 from tests.http_provider import provider_fixture  # noqa: F401  (fixture: provider)
+from tests.language_proofs import PROOFS, proves
 from tests.runner_helpers import (
     TENANT,
     make_sequence,
@@ -33,20 +34,6 @@ from tests.runner_helpers import (
     store_sequence,
     wait_for,
 )
-
-PROOFS: dict[tuple[str, str], str] = {}
-
-
-def proves(*fields: tuple[str, str]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Record that the decorated test shows these (scope, field) change what runs."""
-
-    def register(test: Callable[..., Any]) -> Callable[..., Any]:
-        for f in fields:
-            PROOFS[f] = test.__name__
-        return test
-
-    return register
-
 
 CALLS: list[tuple[str, dict[str, Any], int]] = []  # (block, params, attempt) per call
 
@@ -394,6 +381,8 @@ def test_an_http_verifier_looks_the_effect_up(conn, runner, provider, monkeypatc
 
 
 def test_every_supported_field_is_proven_end_to_end(conn):
+    import tests.test_workflows  # noqa: F401  (its proofs register on import)
+
     supported = set(
         conn.execute(
             "SELECT scope, field FROM orch8.sequence_language() WHERE supported"
@@ -409,14 +398,14 @@ def test_every_supported_field_is_proven_end_to_end(conn):
 
 
 def test_a_definition_stored_before_a_field_was_refused_runs_as_stored(conn, runner):
-    seq = store_sequence(conn, [step("a", when="false")], status="draft")
+    seq = store_sequence(conn, [step("a", delay=60000)], status="draft")
     instance = start(conn, seq, {})
     assert wait_for(conn, [instance])[instance][0] == "completed"
-    assert [c[0] for c in CALLS] == ["a"]  # as before: when was never evaluated
+    assert [c[0] for c in CALLS] == ["a"]  # as before: delay was never honoured
 
 
 def test_sequences_list_flags_definitions_with_refused_fields(db_url, conn):
-    store_sequence(conn, [step("a", when="false")], name="old-flow", status="draft")
+    store_sequence(conn, [step("a", delay=60000)], name="old-flow", status="draft")
     make_sequence(conn, [step("a")], name="new-flow")
     env = orch8_env(ORCH8_DATABASE_URL=db_url)
     out = run_orch8("sequences", "list", "--tenant", TENANT, env=env)
@@ -427,7 +416,7 @@ def test_sequences_list_flags_definitions_with_refused_fields(db_url, conn):
     assert "1 sequence(s) use fields this orch8 no longer accepts" in out.stdout
     shown = run_orch8("sequences", "show", "old-flow", "--tenant", TENANT, env=env)
     assert "$.status: status is not supported yet" in shown.stdout
-    assert "$.blocks[0].when: when is not supported yet" in shown.stdout
+    assert "$.blocks[0].delay: delay is not supported yet" in shown.stdout
 
 
 def test_a_verifier_expression_that_does_not_parse_is_refused_before_storing(conn):

@@ -260,7 +260,7 @@ def test_lease_reclaims(conn, client):
     seq = make_sequence(conn, [{"type": "step", "id": "a", "handler": "noop"}])
     start(conn, seq)
     claimed = conn.execute(
-        "SELECT id FROM orch8.claim_due_instances('dead-runner', 5, '1 second')"
+        "SELECT instance_id AS id FROM orch8.claim_due_nodes('dead-runner', 5, '1 second')"
     ).fetchall()
     assert len(claimed) == 1
     assert value(scrape(client), "orch8_lease_reclaims_total") == 0

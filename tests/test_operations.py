@@ -44,7 +44,7 @@ def seq(conn):
 
 def claim(conn):
     return conn.execute(
-        "SELECT lease_token FROM orch8.claim_due_instances('w1', 1, '30 seconds')"
+        "SELECT lease_token FROM orch8.claim_due_nodes('w1', 1, '30 seconds')"
     ).fetchone()[0]
 
 

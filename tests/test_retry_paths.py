@@ -70,7 +70,7 @@ def charge_then_ship(handler_name=CHARGE, retry=None):
 
 def claim(conn, instance) -> uuid.UUID:
     rows = conn.execute(
-        "SELECT id, lease_token FROM orch8.claim_due_instances('w1', 10, '30 seconds')"
+        "SELECT instance_id AS id, lease_token FROM orch8.claim_due_nodes('w1', 10, '30 seconds')"
     ).fetchall()
     assert [r[0] for r in rows] == [instance], rows
     return rows[0][1]
@@ -85,8 +85,10 @@ def begin(conn, instance, token, block="charge", attempt=0, handler_name=CHARGE)
 
 def instance_row(conn, instance):
     return conn.execute(
-        "SELECT state::text, requested_state::text, error, current_block, lease_token"
-        " FROM orch8.task_instances WHERE tenant_id = %s AND id = %s",
+        "SELECT state::text, requested_state::text, error, current_block,"
+        " (SELECT n.lease_token FROM orch8.execution_nodes AS n WHERE n.tenant_id = t.tenant_id"
+        "  AND n.instance_id = t.id AND n.lease_token IS NOT NULL LIMIT 1)"
+        " FROM orch8.task_instances AS t WHERE tenant_id = %s AND id = %s",
         (TENANT, instance),
     ).fetchone()
 
@@ -234,32 +236,41 @@ def test_retry_is_refused_while_the_receipt_is_still_dispatched(db_url, conn, ap
 
 
 def test_retry_of_a_duplicate_is_refused_while_the_holder_is_dispatched(conn, api_retry):
-    # Two blocks with identical content under a commit guard. A runner never begins the
-    # next block before finishing the current one, so the holder cannot still be
-    # dispatched when the guard refuses the candidate; the two begin_step calls are made
-    # by hand under one lease to reach that state through the engine's own functions.
+    # Two branches with identical content under a commit guard: the first branch's charge
+    # is dispatched (the holder) when the second branch's begins, and the guard refuses it
+    # as a duplicate. The parallel fails at once; its retry is decided by the holder.
     seq = make_sequence(
         conn,
         [
-            {"type": "step", "id": "charge", "handler": CHARGE, "params": PARAMS},
-            {"type": "step", "id": "charge_again", "handler": CHARGE, "params": PARAMS},
+            {
+                "type": "parallel",
+                "id": "both",
+                "branches": [
+                    [{"type": "step", "id": "charge", "handler": CHARGE, "params": PARAMS}],
+                    [{"type": "step", "id": "charge_again", "handler": CHARGE, "params": PARAMS}],
+                ],
+            }
         ],
         invariants=[
             {"name": "once", "type": "effect_at_most_once", "kind": "worker", "commit_guard": True}
         ],
     )
     a = start(conn, seq)
-    token = claim(conn, a)
-    outcome, holder = begin(conn, a, token)
+    tokens = dict(
+        conn.execute(
+            "SELECT path, lease_token FROM orch8.claim_due_nodes('w1', 10, '30 seconds')"
+        ).fetchall()
+    )
+    outcome, holder = begin(conn, a, tokens["both#0/charge"], block="both#0/charge")
     assert outcome == "dispatched"
-    outcome, candidate = begin(conn, a, token, block="charge_again")
+    outcome, candidate = begin(conn, a, tokens["both#1/charge_again"], block="both#1/charge_again")
     assert outcome == "duplicate"
     state, _, error, _, _ = instance_row(conn, a)
     assert state == "failed" and error.startswith("InvariantViolation: "), error
     before = footprint(conn, a)
 
     # the holder decides, not the candidate (which is only prepared)
-    assert_retry_refused_in_sql(conn, a, holder, "dispatched")
+    assert_retry_refused_in_sql(conn, a, holder, "dispatched", block="both#0/charge")
     assert_api_refusal(api_retry, a, holder, "dispatched")
     assert footprint(conn, a) == before
     assert receipt_state(conn, candidate) == "prepared"  # a refused retry supersedes nothing
@@ -493,13 +504,15 @@ def test_retry_of_a_failed_pure_step_can_complete_the_instance(db_url, conn):
 # --- 5. a cancel requested while running, applied by the lease sweep -----------------------
 
 
-@pytest.mark.parametrize("sweep", ["reclaim_expired_leases", "claim_due_instances"])
+@pytest.mark.parametrize("sweep", ["reclaim_expired_leases", "claim_due_nodes"])
 def test_a_cancel_requested_while_running_is_applied_when_the_lease_expires(conn, sweep):
     seq = make_sequence(conn, [{"type": "step", "id": "a", "handler": "noop"}])
     a = start(conn, seq)
     token = claim(conn, a)
     expires = conn.execute(
-        "SELECT lease_expires_at FROM orch8.task_instances WHERE id = %s", (a,)
+        "SELECT lease_expires_at FROM orch8.execution_nodes"
+        " WHERE instance_id = %s AND lease_token IS NOT NULL",
+        (a,),
     ).fetchone()[0]
     cancelled = conn.execute(
         "SELECT orch8.cancel_instance(%s, %s, 'op', 'customer asked')", (TENANT, a)
@@ -511,7 +524,7 @@ def test_a_cancel_requested_while_running_is_applied_when_the_lease_expires(conn
         if sweep == "reclaim_expired_leases":
             return conn.execute("SELECT orch8.reclaim_expired_leases()").fetchone()[0]
         claimed = conn.execute(
-            "SELECT id FROM orch8.claim_due_instances('w2', 10, '30 seconds')"
+            "SELECT instance_id AS id FROM orch8.claim_due_nodes('w2', 10, '30 seconds')"
         ).fetchall()
         assert claimed == []  # the sweep runs first; a cancelled instance is never claimed
         return None
@@ -528,7 +541,7 @@ def test_a_cancel_requested_while_running_is_applied_when_the_lease_expires(conn
         state, requested, _, _, lease_token = instance_row(conn, a)
         assert (state, requested, lease_token) == ("cancelled", None, None)
         lease = conn.execute(
-            "SELECT lease_owner, lease_expires_at FROM orch8.task_instances WHERE id = %s", (a,)
+            "SELECT lease_owner, lease_expires_at FROM orch8.instance_overview WHERE id = %s", (a,)
         ).fetchone()
         assert lease == (None, None)
         audit = conn.execute(
@@ -566,7 +579,9 @@ def test_a_swept_cancel_does_not_strand_the_step_in_flight_as_dispatched(conn):
     ]
     assert requested == "requested"
     expires = conn.execute(
-        "SELECT lease_expires_at FROM orch8.task_instances WHERE id = %s", (a,)
+        "SELECT lease_expires_at FROM orch8.execution_nodes"
+        " WHERE instance_id = %s AND lease_token IS NOT NULL",
+        (a,),
     ).fetchone()[0]
     try:
         set_clock(conn, expires + dt.timedelta(seconds=1))  # ... and dies before recording

@@ -125,14 +125,15 @@ def steal_then_set(params, ctx):
     runner under test cannot claim it back in between), then the handler writes state."""
     with psycopg.connect(STEAL["url"]) as c:  # one transaction, committed on exit
         c.execute(
-            "UPDATE orch8.task_instances SET lease_expires_at = orch8.now() - interval '1 second'"
-            " WHERE tenant_id = %s AND id = %s",
+            "UPDATE orch8.execution_nodes SET lease_expires_at = orch8.now() - interval '1 second'"
+            " WHERE tenant_id = %s AND instance_id = %s AND lease_token IS NOT NULL",
             (ctx.tenant_id, ctx.instance_id),
         )
         STEAL["claimed"] = [
             r[0]
             for r in c.execute(
-                "SELECT id FROM orch8.claim_due_instances('thief', 1, interval '10 minutes')"
+                "SELECT instance_id AS id"
+                " FROM orch8.claim_due_nodes('thief', 1, interval '10 minutes')"
             ).fetchall()
         ]
     try:
@@ -160,7 +161,7 @@ def test_heartbeats_keep_the_lease_of_a_step_longer_than_the_lease(
 
     def lease():
         return conn.execute(
-            "SELECT state::text, lease_owner, lease_expires_at FROM orch8.task_instances"
+            "SELECT state::text, lease_owner, lease_expires_at FROM orch8.instance_overview"
             " WHERE id = %s",
             (instance,),
         ).fetchone()
@@ -338,7 +339,7 @@ def test_stale_lease_from_state_set_stops_that_instance_quietly(db_url, conn, ca
     ).fetchone()[0]
     assert written == 0
     row = conn.execute(
-        "SELECT state::text, lease_owner, error FROM orch8.task_instances WHERE id = %s",
+        "SELECT state::text, lease_owner, error FROM orch8.instance_overview WHERE id = %s",
         (instance,),
     ).fetchone()
     assert row == ("running", "thief", None)  # the runner did not touch it afterwards

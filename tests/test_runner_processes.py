@@ -214,7 +214,7 @@ def test_sigterm_drains_the_step_in_flight_and_hands_back_the_lease(
     assert stop(proc, signal.SIGTERM) == 0, (tmp_path / "r.log").read_text()
     assert time.monotonic() - started < 15
     row = conn.execute(
-        "SELECT state::text, lease_token, current_block FROM orch8.task_instances WHERE id = %s",
+        "SELECT state::text, lease_owner, current_block FROM orch8.instance_overview WHERE id = %s",
         (instance,),
     ).fetchone()
     assert row == ("scheduled", None, "second")  # the step finished; the lease was handed back

@@ -40,7 +40,7 @@ BAD = {
         {"id": "fetch", "type": "step", "handler": "log"},
         {"id": "jump", "type": "teleport"},
         {"id": "fan", "type": "parallel", "branches": [[{"id": "inner", "type": "step"}]]},
-        {"id": "jump", "type": "step", "handler": "noop", "when": "data.x"},
+        {"id": "jump", "type": "step", "handler": "noop", "when": "data.x =="},
     ],
     "invariants": [
         {"name": "once", "type": "effect_at_most_once", "kind": "telepathy", "commit_guard": True}
@@ -54,7 +54,7 @@ BAD_PATHS = [
     "$.blocks[0].retry.max_attempts",
     "$.blocks[1].id",
     "$.blocks[2].type",
-    "$.blocks[3].type",
+    "$.blocks[3].branches[0][0].handler",
     "$.blocks[4].when",
     "$.blocks[4].id",
     "$.invariants[0].kind",
@@ -86,8 +86,11 @@ def test_invalid_sequence_lists_every_problem_with_its_path(conn):
     by_path = {p["path"]: p["message"] for p in err.problems}
     assert by_path["$.blocks[1].id"] == 'duplicate block id "fetch" (first used at $.blocks[0])'
     assert by_path["$.blocks[4].id"].startswith('duplicate block id "jump"')
-    assert by_path["$.blocks[3].type"].startswith('block type "parallel" is not supported yet')
-    assert by_path["$.blocks[4].when"] == "when is not supported yet"
+    assert by_path["$.blocks[3].branches[0][0].handler"] == (
+        "handler is required (a non-empty string)"
+    )  # blocks inside blocks are checked too
+    assert by_path["$.blocks[4].when"].startswith("expression 'data.x ==': ")
+    assert "at position" in by_path["$.blocks[4].when"]  # the parse error says where
     assert by_path["$.owner"] == "unknown field"
     stored = conn.execute(
         "SELECT count(*) FROM orch8.sequences WHERE tenant_id = %s", (TENANT,)

@@ -225,7 +225,7 @@ def test_a_receipt_lost_with_the_primary_is_recorded_unknown_with_the_answer(con
     seq = make_sequence(conn, [{"type": "step", "id": "charge", "handler": "test.ha.charge"}])
     instance = start(conn, seq)
     token = conn.execute(
-        "SELECT lease_token FROM orch8.claim_due_instances('w1', 1, '30 seconds')"
+        "SELECT lease_token FROM orch8.claim_due_nodes('w1', 1, '30 seconds')"
     ).fetchone()[0]
     begin = (
         "SELECT outcome, effect_id FROM orch8.begin_step('t1', %s, %s, 'charge',"
@@ -269,7 +269,7 @@ def test_a_receipt_lost_with_the_primary_is_recorded_unknown_with_the_answer(con
     ]
     # the block run again lands on the same receipt, now unknown: nothing is sent
     token = conn.execute(
-        "SELECT lease_token FROM orch8.claim_due_instances('w1', 1, '30 seconds')"
+        "SELECT lease_token FROM orch8.claim_due_nodes('w1', 1, '30 seconds')"
     ).fetchone()
     assert token is None  # failed, waiting for the operator: nothing to claim
 
@@ -369,10 +369,16 @@ def _lost_with_the_claim(params, ctx):
         conn.execute("DELETE FROM orch8.block_outputs WHERE instance_id = %s", (ctx.instance_id,))
         conn.execute("DELETE FROM orch8.effect_receipts WHERE id = %s", (ctx.effect_id,))
         conn.execute(
-            "UPDATE orch8.task_instances SET state = 'scheduled', lease_token = NULL,"
-            " lease_owner = NULL, lease_expires_at = NULL,"
+            "UPDATE orch8.task_instances SET state = 'scheduled',"
             " next_fire_at = orch8.now() + interval '1 hour' WHERE id = %s",
             (ctx.instance_id,),
+        )
+        conn.execute(
+            "UPDATE orch8.execution_nodes SET state = 'ready', lease_token = NULL,"
+            " lease_owner = NULL, lease_expires_at = NULL,"
+            " next_fire_at = orch8.now() + interval '1 hour'"
+            " WHERE instance_id = %s AND path = %s",
+            (ctx.instance_id, ctx.block_id),
         )
     return {"receipt_id": "ch_lost"}
 
@@ -400,7 +406,9 @@ def test_a_receipt_lost_with_its_claim_is_kept_and_the_step_is_not_sent_again(db
         assert evidence["recovered_after_lost_write"] is True
         assert evidence["handler_output"] == {"receipt_id": "ch_lost"}
         conn.execute(
-            "UPDATE orch8.task_instances SET next_fire_at = orch8.now() WHERE id = %s", (instance,)
+            "UPDATE orch8.execution_nodes SET next_fire_at = orch8.now()"
+            " WHERE instance_id = %s AND state = 'ready'",
+            (instance,),
         )
         _, error = wait_for(conn, [instance], states=("failed", "waiting"))[instance]
     assert "EffectBlocked" in error, error
@@ -480,9 +488,19 @@ def test_after_an_outage_the_runner_rechecks_receipts_of_steps_it_just_finished(
             conn.execute("DELETE FROM orch8.block_outputs WHERE instance_id = %s", (instance,))
             conn.execute("DELETE FROM orch8.effect_receipts WHERE id = %s", (effect_id,))
             conn.execute(
-                "UPDATE orch8.task_instances SET state = 'running', lease_token = %s,"
-                " lease_owner = 'lost', lease_expires_at = orch8.now() + interval '1 hour',"
+                "UPDATE orch8.task_instances SET state = 'running',"
                 " current_block = 'charge', error = NULL WHERE id = %s",
+                (instance,),
+            )
+            conn.execute(
+                "UPDATE orch8.execution_nodes SET state = 'running', ended_at = NULL"
+                " WHERE instance_id = %s AND path = ''",
+                (instance,),
+            )
+            conn.execute(
+                "UPDATE orch8.execution_nodes SET state = 'running', lease_token = %s,"
+                " lease_owner = 'lost', lease_expires_at = orch8.now() + interval '1 hour',"
+                " ended_at = NULL WHERE instance_id = %s AND path = 'charge'",
                 (token, instance),
             )
         runner._lost(psycopg.OperationalError("the primary went away"))  # the outage seen
@@ -492,8 +510,8 @@ def test_after_an_outage_the_runner_rechecks_receipts_of_steps_it_just_finished(
             time.sleep(0.05)
         # the old lease runs out: the next claim meets the recorded receipt
         conn.execute(
-            "UPDATE orch8.task_instances SET lease_expires_at = orch8.now() - interval '1 second'"
-            " WHERE id = %s",
+            "UPDATE orch8.execution_nodes SET lease_expires_at = orch8.now() - interval '1 second'"
+            " WHERE instance_id = %s AND lease_token IS NOT NULL",
             (instance,),
         )
         _, error = wait_for(conn, [instance], states=("failed", "waiting"))[instance]

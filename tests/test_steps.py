@@ -29,7 +29,7 @@ def claimed(conn):
         "SELECT id FROM orch8.create_instance(%s, %s)", (TENANT, seq)
     ).fetchone()[0]
     token = conn.execute(
-        "SELECT lease_token FROM orch8.claim_due_instances('w1', 1, '30 seconds')"
+        "SELECT lease_token FROM orch8.claim_due_nodes('w1', 1, '30 seconds')"
     ).fetchone()[0]
     return instance, token
 
@@ -90,14 +90,26 @@ def sentinels(conn, instance):
 
 def test_success_commits_and_completes(conn, claimed):
     instance, token = claimed
+    _, first, _, _ = begin(conn, instance, token)
+    assert finish(conn, instance, token, first, "ok", {"receipt_id": "ch_0"}) == (
+        "running",
+        "ship",
+        0,
+    )  # the next step is handed over under the same lease
     outcome, effect_id, state, _ = begin(conn, instance, token, block="ship")
     assert (outcome, state) == ("dispatched", "dispatched")
-    assert sentinels(conn, instance) == ["__in_progress__"]
+    assert sentinels(conn, instance) == ["__in_progress__", "output", "__in_progress__"]
     done = finish(conn, instance, token, effect_id, "ok", {"receipt_id": "ch_1"}, block="ship")
     assert done == ("completed", None, None)
     assert receipt_state(conn, effect_id) == ("committed", "ch_1")
-    assert sentinels(conn, instance) == ["__in_progress__", "output"]
+    assert sentinels(conn, instance)[-1] == "output"
     assert instance_state(conn, instance) == ("completed", None)
+
+
+def test_a_lease_is_for_its_node_only(conn, claimed):
+    instance, token = claimed
+    with pytest.raises(StaleLease):  # the lease holds charge, not ship
+        begin(conn, instance, token, block="ship")
 
 
 def test_next_block_keeps_the_instance_running(conn, claimed):
@@ -117,7 +129,7 @@ def test_crash_after_dispatch_blocks_and_fails_durably(db_url, conn, claimed):
     with psycopg.connect(db_url, autocommit=True) as other:
         other.execute("SET orch8.fake_now = '2999-01-01 00:00:00+00'")
         token = other.execute(
-            "SELECT lease_token FROM orch8.claim_due_instances('w2', 1, '30 seconds')"
+            "SELECT lease_token FROM orch8.claim_due_nodes('w2', 1, '30 seconds')"
         ).fetchone()[0]
         attempt = other.execute(
             "SELECT orch8.compute_attempt(%s, %s, 'charge')", (TENANT, instance)
@@ -144,7 +156,7 @@ def test_retryable_error_marks_unknown_and_schedules_next_attempt(conn, claimed)
     ).fetchone()[0]
     assert attempt == 1
     token = conn.execute(
-        "SELECT lease_token FROM orch8.claim_due_instances('w1', 1, '30 seconds')"
+        "SELECT lease_token FROM orch8.claim_due_nodes('w1', 1, '30 seconds')"
     ).fetchone()[0]
     outcome, second, _, _ = begin(conn, instance, token, attempt=1)
     assert outcome == "dispatched" and second != first
@@ -215,27 +227,7 @@ def test_a_different_lease_repeating_begin_is_blocked(conn, claimed):
     _, effect_id, _, _ = begin(conn, instance, token)
     conn.execute("SELECT orch8.release_lease(%s, %s, %s)", (TENANT, instance, token))
     new_token = conn.execute(
-        "SELECT lease_token FROM orch8.claim_due_instances('w2', 1, '30 seconds')"
+        "SELECT lease_token FROM orch8.claim_due_nodes('w2', 1, '30 seconds')"
     ).fetchone()[0]
     outcome, same, state, _ = begin(conn, instance, new_token)
     assert (outcome, same, state) == ("blocked", effect_id, "unknown")
-
-
-def test_a_child_that_ends_wakes_its_waiting_parent(conn, claimed):
-    parent, _token = claimed
-    seq = conn.execute("SELECT sequence_id FROM orch8.task_instances WHERE id = %s", (parent,))
-    seq = seq.fetchone()[0]
-    assert conn.execute(
-        "SELECT orch8.transition_instance(%s, %s, 'running', 'waiting', 'runner')",
-        (TENANT, parent),
-    ).fetchone()[0]
-    child = conn.execute(
-        "SELECT id FROM orch8.create_instance(%s, %s, p_parent_instance_id => %s)",
-        (TENANT, seq, parent),
-    ).fetchone()[0]
-    child_token = conn.execute(
-        "SELECT lease_token FROM orch8.claim_due_instances('w1', 1, '30 seconds')"
-    ).fetchone()[0]
-    assert begin(conn, child, child_token, handler="transform")[0] is None
-    assert finish(conn, child, child_token, None, "ok", {"x": 1}, block="ship")[0] == "completed"
-    assert instance_state(conn, parent)[0] == "scheduled"

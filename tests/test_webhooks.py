@@ -144,7 +144,9 @@ def closed_port() -> int:
 def sequence(conn, tenant="t1") -> str:
     return conn.execute(
         "INSERT INTO orch8.sequences (tenant_id, name, version, definition)"
-        " VALUES (%s, 'flow', 1, '{}') RETURNING id",
+        " VALUES (%s, 'flow', 1,"
+        " '{\"blocks\": [{\"id\": \"a\", \"type\": \"step\", \"handler\": \"noop\"}]}')"
+        " RETURNING id",
         (tenant,),
     ).fetchone()[0]
 
@@ -172,7 +174,7 @@ def start(conn, seq_id, tenant="t1"):
         "SELECT id FROM orch8.create_instance(%s, %s)", (tenant, seq_id)
     ).fetchone()[0]
     claimed = conn.execute(
-        "SELECT id FROM orch8.claim_due_instances('w1', 1, '30 seconds')"
+        "SELECT instance_id AS id FROM orch8.claim_due_nodes('w1', 1, '30 seconds')"
     ).fetchall()
     assert claimed == [(instance,)]
     return instance

@@ -18,6 +18,7 @@ from typing import Any
 
 from .. import expression, rules
 from ..errors import InvalidInput
+from ..scope import roots as scope_roots
 from ..steps import EffectReceipt, InstanceState, StepContext, StepError
 from . import http as _http
 from .http import bad_params
@@ -58,7 +59,8 @@ def _config(ctx: StepContext) -> dict[str, Any]:
 
 
 def expression_scope(ctx: StepContext) -> dict[str, Any]:
-    """The roots an expression sees: data, config, runtime (with attempt, ids), outputs."""
+    """The roots an expression sees: data, config, runtime (with attempt, ids), outputs,
+    and the variables bound around the step (item, index, iteration, error)."""
     context = ctx.context or {}
     runtime = dict(context.get("runtime") or {})
     runtime.update(
@@ -72,6 +74,7 @@ def expression_scope(ctx: StepContext) -> dict[str, Any]:
         "config": context.get("config") or {},
         "runtime": runtime,
         "outputs": ctx.outputs or {},
+        **ctx.vars,
     }
 
 
@@ -142,7 +145,9 @@ def assert_(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
         raise bad_params("assert needs a condition (an expression string or a boolean)")
     condition = params["condition"]
     if isinstance(condition, str):
-        passed = expression.truthy(expression.evaluate(condition, expression_scope(ctx)))
+        passed = expression.truthy(
+            expression.evaluate(condition, expression_scope(ctx), scope_roots(ctx.vars))
+        )
     else:
         passed = expression.truthy(condition)
     if not passed:
@@ -162,7 +167,7 @@ def transform(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     text = params["expression"]
     if not isinstance(text, str):
         raise bad_params("expression must be a string (use value for a literal)")
-    return {"result": expression.evaluate(text, expression_scope(ctx))}
+    return {"result": expression.evaluate(text, expression_scope(ctx), scope_roots(ctx.vars))}
 
 
 # --- instance state ---------------------------------------------------------------------

@@ -83,6 +83,10 @@ def read(conn: Conn) -> dict[str, Any]:
         "TEMPLATE_ROOTS": tuple(value(conn, "SELECT orch8.template_roots()")),
         "TEMPLATE_PLACEHOLDER": value(conn, "SELECT orch8.template_placeholder_pattern()"),
         "TEMPLATE_EXPRESSION": value(conn, "SELECT orch8.template_expression_pattern()"),
+        # the same with the roots left to fill in: (ROOTS) is replaced by the names in scope
+        "TEMPLATE_EXPRESSION_SHAPE": value(
+            conn, "SELECT orch8.template_expression_pattern(ARRAY['ROOTS'])"
+        ),
         "VERIFY_TEMPLATE_ROOTS": tuple(value(conn, "SELECT orch8.verify_template_roots()")),
         "VERIFY_TEMPLATE_EXPRESSION": value(
             conn, "SELECT orch8.template_expression_pattern(orch8.verify_template_roots())"
@@ -108,6 +112,14 @@ def read(conn: Conn) -> dict[str, Any]:
                 "SELECT name, has_side_effects, kind, implemented FROM orch8.builtin_handlers"
                 " ORDER BY name",
             )
+        },
+        "NODE_STATES": _enum(conn, "node_state"),
+        "NODE_TRANSITIONS": _moves(conn, "node_transition_table"),
+        "NODE_KINDS": tuple(value(conn, "SELECT orch8.node_kinds()")),
+        "CLAIMABLE_KINDS": tuple(value(conn, "SELECT orch8.claimable_kinds()")),
+        "BLOCK_DEFAULTS": {
+            r["field"]: r["value"]
+            for r in all_rows(conn, "SELECT field, value FROM orch8.block_defaults()")
         },
         "SEQUENCE_LANGUAGE": tuple(
             (r["scope"], r["field"], r["supported"], r["note"])

@@ -152,6 +152,7 @@ class ReceiptInContext:
     step: dict[str, Any]  # the step's definition ({} when the sequence lost it)
     context: dict[str, Any]  # the instance's context {data, config, runtime}
     progress: dict[str, Any]  # orch8.instance_progress
+    vars: dict[str, Any]  # the variables bound around the step's node (orch8.node_vars)
 
 
 def receipt_in_context(
@@ -160,9 +161,10 @@ def receipt_in_context(
     """A receipt, its step's definition and its instance's context and progress, or None."""
     row = first(
         conn,
-        f"SELECT {RECEIPT}, tenant_id, step, context, progress FROM ("
+        f"SELECT {RECEIPT}, tenant_id, step, context, progress, vars FROM ("
         " SELECT r.*, orch8.instance_step(r.tenant_id, r.instance_id, r.block_id) AS step,"
-        " t.context, orch8.instance_progress(r.tenant_id, r.instance_id) AS progress"
+        " t.context, orch8.instance_progress(r.tenant_id, r.instance_id) AS progress,"
+        " orch8.node_vars(r.tenant_id, r.instance_id, r.block_id) AS vars"
         " FROM orch8.effect_receipts AS r JOIN orch8.task_instances AS t"
         "   ON t.tenant_id = r.tenant_id AND t.id = r.instance_id"
         " WHERE r.tenant_id = %(tenant)s AND r.id = %(id)s) AS found",
@@ -171,7 +173,7 @@ def receipt_in_context(
     if row is None:
         return None
     step, context, progress = row.pop("step"), row.pop("context"), row.pop("progress")
-    return ReceiptInContext(row, step or {}, context or {}, progress or {})
+    return ReceiptInContext(row, step or {}, context or {}, progress or {}, row.pop("vars") or {})
 
 
 def receipts_of_instance(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID) -> list[Row]:
@@ -344,6 +346,7 @@ class VerificationClaim:
     step: dict[str, Any]
     context: dict[str, Any]
     progress: dict[str, Any]
+    vars: dict[str, Any]  # the variables bound around the step's node
 
 
 def claim_verifications(
@@ -359,7 +362,7 @@ def claim_verifications(
         conn,
         VerificationClaim,
         "SELECT tenant_id, effect_id, lease_token, method, try AS try_, tries,"
-        " timeout_seconds::float8 AS timeout_seconds, receipt, step, context, progress"
+        " timeout_seconds::float8 AS timeout_seconds, receipt, step, context, progress, vars"
         " FROM orch8.claim_verifications(p_worker_id => %(worker)s,"
         " p_batch => %(batch)s, p_lease => make_interval(secs => %(lease)s),"
         " p_handlers => %(handlers)s, p_verifiers => %(verifiers)s)",

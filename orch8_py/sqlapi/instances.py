@@ -9,6 +9,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InvalidInput
+from ..schemas import first_violation
 from .base import NO_OUTPUT, Conn, Jsonb, Row, all_rows, first, objects, value
 
 # An instance as the lists show it (orch8.instance_overview).
@@ -55,6 +57,9 @@ def create_instance(
     idempotency_key: str | None = None,
     next_fire_at: dt.datetime | None = None,
 ) -> Created:
+    """Start an instance. Its data is checked against the sequence's input_schema first
+    (PostgreSQL has no JSON Schema validator): InvalidInput naming the JSON pointer."""
+    require_input_schema(conn, tenant_id=tenant_id, sequence_id=sequence_id, data=data or {})
     return objects(
         conn,
         Created,
@@ -74,8 +79,31 @@ def create_instance(
     )[0]
 
 
+def require_input_schema(
+    conn: Conn, *, tenant_id: str, sequence_id: uuid.UUID, data: dict[str, Any]
+) -> None:
+    """InvalidInput when ``data`` breaks the sequence's input_schema, with the JSON pointer
+    of the first place it does (facts: field data, pointer, schema_error)."""
+    schema = value(
+        conn,
+        "SELECT definition -> 'input_schema' FROM orch8.sequences"
+        " WHERE tenant_id = %(tenant)s AND id = %(id)s",
+        {"tenant": tenant_id, "id": sequence_id},
+    )
+    if not isinstance(schema, dict):
+        return
+    found = first_violation(schema, data)
+    if found is not None:
+        pointer, message = found
+        raise InvalidInput(
+            f"data does not match the sequence's input_schema at {pointer}: {message}",
+            facts={"field": "data", "pointer": pointer, "schema_error": message},
+        )
+
+
 def create_instances(conn: Conn, *, tenant_id: str, sequence_id: uuid.UUID, count: int) -> int:
     """Start ``count`` instances of one sequence whose data is {"n": 1..count} (the bench)."""
+    require_input_schema(conn, tenant_id=tenant_id, sequence_id=sequence_id, data={"n": 1})
     created: int = value(
         conn,
         "SELECT count(*) FROM generate_series(1, %(count)s) AS g,"

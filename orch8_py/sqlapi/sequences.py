@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..definitions import expression_problems
+from ..definitions import definition_problems
 from ..errors import InvalidSequence
 from .base import Conn, Jsonb, Row, all_rows, first, one
 
@@ -19,9 +19,9 @@ def create_sequence(
 ) -> Row:
     """Validate and store ``definition`` as the next version; the stored row. Raises
     InvalidSequence listing every problem (``problems``: the SQL validator's, then the
-    verifier expressions that do not parse), InvalidInput for a bad tenant, namespace or
-    name."""
-    if expression_problems(definition):
+    expressions that do not parse and the schemas that are not), InvalidInput for a bad
+    tenant, namespace or name."""
+    if python_problems(conn, definition):
         problems = validate_sequence(conn, definition=definition)
         raise InvalidSequence(
             f"sequence definition has {len(problems)} problem(s)",
@@ -43,12 +43,27 @@ def create_sequence(
 
 def validate_sequence(conn: Conn, *, definition: Any) -> list[Row]:
     """Every problem of a definition as {path, message} (orch8.validate_sequence's, then
-    the verifier expressions that do not parse); [] when it is valid."""
+    the expressions that do not parse and the schemas that are not); [] when it is
+    valid."""
     return all_rows(
         conn,
         "SELECT path, message FROM orch8.validate_sequence(p_definition => %(definition)s)",
         {"definition": Jsonb(definition)},
-    ) + list(expression_problems(definition))
+    ) + list(python_problems(conn, definition))
+
+
+def python_problems(conn: Conn, definition: Any) -> list[dict[str, str]]:
+    """The problems only Python can find (orch8_py.definitions), over the database's walk
+    of the definition's blocks."""
+    if not isinstance(definition, dict):
+        return []
+    blocks = all_rows(
+        conn,
+        "SELECT json_path, scope_vars, definition"
+        " FROM orch8.definition_blocks(p_definition => %(definition)s)",
+        {"definition": Jsonb(definition)},
+    )
+    return definition_problems(definition, blocks)
 
 
 def get_sequence(

@@ -1,5 +1,6 @@
-"""The runner's calls: claim a batch, begin and finish a step, keep and hand back leases,
-read a sequence definition, wait for work, and an instance's key-value state."""
+"""The runner's calls: claim a batch of nodes, begin and finish a step, answer a
+composite's question (decide) and start or collect a child (run_child), keep and hand
+back leases, read a sequence's blocks, wait for work, and an instance's key-value state."""
 
 from __future__ import annotations
 
@@ -20,19 +21,52 @@ OUTCOME = (
 
 
 @dataclass(frozen=True)
+class Node:
+    """A node of an execution tree leased to this runner: what running it needs."""
+
+    path: str  # the ledger's block_id (a top-level block's is its id)
+    attempt: int
+    block_id: str | None  # the definition's block
+    kind: str  # rules.CLAIMABLE_KINDS
+    position: int  # a loop's iteration
+    phase: str | None  # what a composite asks for: condition, break_on, collection, route
+    child_instance_id: uuid.UUID | None  # a sub_sequence's child, once started
+    vars: dict[str, Any]  # the variables bound around it
+
+
+@dataclass(frozen=True)
 class Claimed:
-    """An instance the runner now holds a lease on (orch8.claim_work)."""
+    """A node the runner now holds a lease on, with its instance (orch8.claim_work)."""
 
     tenant_id: str
-    id: uuid.UUID
+    id: uuid.UUID  # the instance
     sequence_id: uuid.UUID
     sequence_version: int
     context: dict[str, Any]
-    current_block: str | None
+    current_block: str  # the node's path
     current_attempt: int
+    block_id: str | None
+    kind: str
+    node_position: int
+    phase: str | None
+    child_instance_id: uuid.UUID | None
+    vars: dict[str, Any]
     parent_instance_id: uuid.UUID | None
     lease_token: uuid.UUID
     progress: dict[str, Any]
+
+    @property
+    def node(self) -> Node:
+        return Node(
+            self.current_block,
+            self.current_attempt,
+            self.block_id,
+            self.kind,
+            self.node_position,
+            self.phase,
+            self.child_instance_id,
+            self.vars or {},
+        )
 
 
 @dataclass(frozen=True)
@@ -53,11 +87,42 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Finished:
-    """orch8.finish_step: the instance's state, and the block to run next while running."""
+    """What finish_step, decide and run_child answer: the instance's state and, when the
+    database handed this runner the instance's next node under the same lease, that node
+    (with the instance's outputs when other runners may have written some)."""
 
     state: str
-    next_block: str | None
-    next_attempt: int | None
+    next_block: str | None = None
+    next_attempt: int | None = None
+    next_block_id: str | None = None
+    next_kind: str | None = None
+    next_position: int | None = None
+    next_phase: str | None = None
+    next_child_instance_id: uuid.UUID | None = None
+    next_vars: dict[str, Any] | None = None
+    progress: dict[str, Any] | None = None
+
+    @property
+    def next(self) -> Node | None:
+        if self.next_block is None or self.next_kind is None:
+            return None
+        return Node(
+            self.next_block,
+            self.next_attempt or 0,
+            self.next_block_id,
+            self.next_kind,
+            self.next_position or 0,
+            self.next_phase,
+            self.next_child_instance_id,
+            self.next_vars or {},
+        )
+
+
+# the columns of a node answer (orch8.node_answer), as Finished has them
+ANSWER = (
+    "state::text AS state, next_block, next_attempt, next_block_id, next_kind,"
+    " next_position, next_phase, next_child_instance_id, next_vars, progress"
+)
 
 
 def claim_work(conn: Conn, *, worker_id: str, batch: int, lease_seconds: float) -> list[Claimed]:
@@ -113,15 +178,16 @@ def finish_step(
     output: Any,
     error: str | None = None,
     retry_in: dt.timedelta | None = None,
+    error_code: str | None = None,
 ) -> Finished:
     return objects(
         conn,
         Finished,
-        "SELECT state::text AS state, next_block, next_attempt FROM orch8.finish_step("
+        f"SELECT {ANSWER} FROM orch8.finish_step("
         "p_tenant_id => %(tenant)s, p_instance_id => %(instance)s,"
         " p_lease_token => %(lease)s, p_block_id => %(block)s, p_attempt => %(attempt)s,"
         " p_effect_id => %(effect)s, p_result => %(result)s, p_output => %(output)s,"
-        " p_error => %(error)s, p_retry_in => %(retry_in)s)",
+        " p_error => %(error)s, p_retry_in => %(retry_in)s, p_error_code => %(code)s)",
         {
             "tenant": tenant_id,
             "instance": instance_id,
@@ -133,6 +199,67 @@ def finish_step(
             "output": Jsonb(output),
             "error": error,
             "retry_in": retry_in,
+            "code": error_code,
+        },
+    )[0]
+
+
+def decide(
+    conn: Conn,
+    *,
+    tenant_id: str,
+    instance_id: uuid.UUID,
+    lease_token: uuid.UUID,
+    path: str,
+    value: Any,
+    error: str | None = None,
+) -> Finished:
+    """orch8.decide: the value a loop, for_each or router asked for (or why it could not
+    be evaluated)."""
+    return objects(
+        conn,
+        Finished,
+        f"SELECT {ANSWER} FROM orch8.decide(p_tenant_id => %(tenant)s,"
+        " p_instance_id => %(instance)s, p_lease_token => %(lease)s, p_path => %(path)s,"
+        " p_value => %(value)s, p_error => %(error)s)",
+        {
+            "tenant": tenant_id,
+            "instance": instance_id,
+            "lease": lease_token,
+            "path": path,
+            "value": Jsonb(value),
+            "error": error,
+        },
+    )[0]
+
+
+def run_child(
+    conn: Conn,
+    *,
+    tenant_id: str,
+    instance_id: uuid.UUID,
+    lease_token: uuid.UUID,
+    path: str,
+    sequence_id: uuid.UUID | None,
+    input_: dict[str, Any] | None,
+    error: str | None = None,
+) -> Finished:
+    """orch8.run_child: start a sub_sequence's child with ``input_`` (or fail the node with
+    ``error``), or collect the child that ended."""
+    return objects(
+        conn,
+        Finished,
+        f"SELECT {ANSWER} FROM orch8.run_child(p_tenant_id => %(tenant)s,"
+        " p_instance_id => %(instance)s, p_lease_token => %(lease)s, p_path => %(path)s,"
+        " p_sequence_id => %(sequence)s, p_input => %(input)s, p_error => %(error)s)",
+        {
+            "tenant": tenant_id,
+            "instance": instance_id,
+            "lease": lease_token,
+            "path": path,
+            "sequence": sequence_id,
+            "input": None if input_ is None else Jsonb(input_),
+            "error": error,
         },
     )[0]
 
@@ -219,6 +346,31 @@ def sequence_definition(conn: Conn, *, tenant_id: str, sequence_id: uuid.UUID) -
         {"tenant": tenant_id, "id": sequence_id},
     )
     return definition
+
+
+@dataclass(frozen=True)
+class StoredSequence:
+    """A stored sequence as the runner caches it: where it lives and its blocks by id
+    (orch8.sequence_blocks, every depth)."""
+
+    namespace: str
+    name: str
+    definition: dict[str, Any]
+    blocks: dict[str, dict[str, Any]]
+
+
+def stored_sequence(conn: Conn, *, tenant_id: str, sequence_id: uuid.UUID) -> StoredSequence:
+    """A sequence with its blocks by id (immutable: callers may cache it forever)."""
+    row = one(
+        conn,
+        "SELECT s.namespace::text AS namespace, s.name::text AS name, s.definition,"
+        " coalesce((SELECT jsonb_object_agg(b.block_id, b.definition)"
+        " FROM orch8.sequence_blocks AS b"
+        " WHERE b.tenant_id = s.tenant_id AND b.sequence_id = s.id), '{}') AS blocks"
+        " FROM orch8.sequences AS s WHERE s.tenant_id = %(tenant)s AND s.id = %(id)s",
+        {"tenant": tenant_id, "id": sequence_id},
+    )
+    return StoredSequence(row["namespace"], row["name"], row["definition"], row["blocks"])
 
 
 def builtin_handlers(conn: Conn) -> dict[str, bool]:

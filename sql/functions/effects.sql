@@ -1009,8 +1009,9 @@ SELECT
     r.error,
     r.evidence,
     r.created_at,
-    -- false when nothing waits on it: the instance ended, or a later attempt of the step
-    -- completed (history to settle in bulk, not an order on hold)
+    -- false when nothing waits on it: the instance ended, a later attempt of the step
+    -- completed, or its branch was given up (history to settle in bulk, not an order on
+    -- hold)
     (
         coalesce(t.state NOT IN ('completed', 'cancelled'), false)
         AND NOT EXISTS (
@@ -1019,27 +1020,50 @@ SELECT
                 o.tenant_id = r.tenant_id AND o.instance_id = r.instance_id
                 AND o.block_id = r.block_id AND o.sentinel IS NULL AND o.attempt > r.attempt
         )
+        AND NOT EXISTS (
+            SELECT 1 FROM orch8.execution_nodes AS n
+            WHERE
+                n.tenant_id = r.tenant_id AND n.instance_id = r.instance_id
+                AND n.path = coalesce(r.compensation_path, r.block_id)
+                AND n.state = 'cancelled'
+        )
     ) AS blocking,
     v.state AS verification,
     v.tries AS verification_tries,
     cardinality(v.schedule) AS verification_max_tries,
-    CASE WHEN v.state = 'pending' THEN v.next_at END AS verification_next_at
-FROM orch8.effect_receipts AS r
+    CASE WHEN v.state = 'pending' THEN v.next_at END AS verification_next_at,
+    r.compensation_path AS awaiting_compensation
+FROM (
+    SELECT q.*, NULL::text AS compensation_path
+    FROM orch8.effect_receipts AS q
+    WHERE
+        q.state = 'unknown'
+        OR (
+            q.state = 'dispatched'
+            AND q.updated_at < orch8.now() - coalesce(
+                nullif(current_setting('orch8.dispatched_alert_after', true), ''), '5 minutes'
+            )::interval
+        )
+    UNION ALL
+    -- a step whose compensation's outcome is unknown: did the undo happen? Both receipts
+    -- are on the queue
+    SELECT q.*, c.block_id
+    FROM orch8.effect_receipts AS c
+    JOIN orch8.effect_receipts AS q
+        ON q.tenant_id = c.tenant_id AND q.instance_id = c.instance_id
+       AND q.block_id = orch8.compensated_path(c.block_id)
+       AND q.state IN ('committed', 'verified')
+    WHERE c.state = 'unknown' AND c.block_id LIKE '%.undo/%'
+) AS r
 LEFT JOIN orch8.task_instances AS t ON r.tenant_id = t.tenant_id AND r.instance_id = t.id
 LEFT JOIN orch8.effect_verifications AS v
-    ON r.tenant_id = v.tenant_id AND r.id = v.effect_id
-WHERE
-    r.state = 'unknown'
-    OR (
-        r.state = 'dispatched'
-        AND r.updated_at < orch8.now() - coalesce(
-            nullif(current_setting('orch8.dispatched_alert_after', true), ''), '5 minutes'
-        )::interval
-    );
+    ON r.tenant_id = v.tenant_id AND r.id = v.effect_id;
 
 COMMENT ON VIEW orch8.unresolved_effects IS
-'The operator queue and alert source: receipts in unknown, and receipts dispatched for '
-'longer than the setting orch8.dispatched_alert_after (default 5 minutes). blocking: its '
-'instance has not ended and no later attempt of the step completed. verification: the '
+'The operator queue and alert source: receipts in unknown, receipts dispatched for '
+'longer than the setting orch8.dispatched_alert_after (default 5 minutes), and the '
+'committed or verified receipts of steps whose compensation''s outcome is unknown '
+'(awaiting_compensation names that compensation). blocking: its instance has not ended, '
+'no later attempt of the step completed and its branch was not given up. verification: the '
 'state of its verifier (pending, escalated, settled; NULL when none was scheduled), with '
 'tries used, tries in all and the next try. Oldest first: ORDER BY created_at.';

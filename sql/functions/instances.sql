@@ -27,7 +27,8 @@ CREATE OR REPLACE FUNCTION orch8.create_instance(
     p_priority integer DEFAULT 0,
     p_idempotency_key text DEFAULT NULL,
     p_next_fire_at timestamptz DEFAULT NULL,
-    p_parent_instance_id uuid DEFAULT NULL
+    p_parent_instance_id uuid DEFAULT NULL,
+    p_parent_path text DEFAULT NULL
 )
 RETURNS TABLE (id uuid, state orch8.instance_state, deduplicated boolean)
 LANGUAGE plpgsql
@@ -39,6 +40,7 @@ DECLARE
         nullif(current_setting('orch8.max_context_bytes', true), '')::integer,
         orch8.limit_of('context_bytes'));
     v_row orch8.task_instances;
+    v_depth integer := 0;
 BEGIN
     PERFORM orch8.require_tenant(p_tenant_id);  -- the web role acts in its sealed tenant
     IF octet_length(p_idempotency_key) NOT BETWEEN 1 AND orch8.limit_of('idempotency_key_bytes')
@@ -60,12 +62,21 @@ BEGIN
         RAISE EXCEPTION 'sequence % not found', p_sequence_id
             USING ERRCODE = 'O8007', DETAIL = json_build_object('sequence_id', p_sequence_id)::text;
     END IF;
-    IF p_parent_instance_id IS NOT NULL AND NOT EXISTS (
-        SELECT 1 FROM orch8.task_instances AS t
-         WHERE t.tenant_id = p_tenant_id AND t.id = p_parent_instance_id) THEN
-        RAISE EXCEPTION 'parent instance % not found', p_parent_instance_id
-            USING ERRCODE = 'O8007',
-                  DETAIL = json_build_object('parent_instance_id', p_parent_instance_id)::text;
+    IF p_parent_instance_id IS NOT NULL THEN
+        SELECT t.depth + 1 INTO v_depth FROM orch8.task_instances AS t
+         WHERE t.tenant_id = p_tenant_id AND t.id = p_parent_instance_id;
+        IF NOT found THEN
+            RAISE EXCEPTION 'parent instance % not found', p_parent_instance_id
+                USING ERRCODE = 'O8007',
+                      DETAIL = json_build_object('parent_instance_id', p_parent_instance_id)::text;
+        END IF;
+        IF v_depth > orch8.limit_of('sub_sequence_depth') THEN
+            RAISE EXCEPTION 'a child at depth % is over the limit sub_sequence_depth (%)',
+                v_depth, orch8.limit_of('sub_sequence_depth')
+                USING ERRCODE = 'O8008',
+                      DETAIL = json_build_object('field', 'parent_instance_id',
+                                                 'limit', orch8.limit_of('sub_sequence_depth'))::text;
+        END IF;
     END IF;
     v_context := jsonb_build_object(
         'data', coalesce(p_data, '{}'), 'config', coalesce(p_config, '{}'), 'runtime', '{}'::jsonb);
@@ -82,11 +93,11 @@ BEGIN
     PERFORM orch8.attribute_transition('create', NULL);
     INSERT INTO orch8.task_instances AS t (
         tenant_id, sequence_id, sequence_version, context, next_fire_at, priority,
-        parent_instance_id, idempotency_key
+        parent_instance_id, parent_path, depth, idempotency_key
     ) VALUES (
         p_tenant_id, v_seq.id, v_seq.version, v_context,
         coalesce(p_next_fire_at, orch8.now()), coalesce(p_priority, 0),
-        p_parent_instance_id, p_idempotency_key
+        p_parent_instance_id, p_parent_path, v_depth, p_idempotency_key
     )
     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
     RETURNING t.* INTO v_row;
@@ -97,19 +108,34 @@ BEGIN
         RETURN QUERY SELECT v_row.id, v_row.state, true;
         RETURN;
     END IF;
+    -- the tree: the root list and its first block, ready at next_fire_at
+    PERFORM orch8.start_list(v_row, '', NULL, NULL, ARRAY['blocks'], '{}');
+    UPDATE orch8.execution_nodes AS n SET next_fire_at = v_row.next_fire_at
+    WHERE n.tenant_id = p_tenant_id AND n.instance_id = v_row.id AND n.state = 'ready'
+      AND n.next_fire_at <> v_row.next_fire_at;
     PERFORM pg_notify('orch8_work', '');
-    RETURN QUERY SELECT v_row.id, v_row.state, false;
+    -- a definition with nothing to run (stored before blocks were required) ends here
+    RETURN QUERY SELECT v_row.id,
+        CASE WHEN EXISTS (SELECT 1 FROM orch8.execution_nodes AS n
+                          WHERE n.tenant_id = p_tenant_id AND n.instance_id = v_row.id
+                            AND n.state = 'ready')
+             THEN v_row.state
+             ELSE orch8.sync_instance(p_tenant_id, v_row.id, 'create') END,
+        false;
 END
 $$;
 
 COMMENT ON FUNCTION orch8.create_instance(
-    text, uuid, jsonb, jsonb, integer, text, timestamptz, uuid
+    text, uuid, jsonb, jsonb, integer, text, timestamptz, uuid, text
 ) IS
-'Start an instance of a sequence version: context {data, config, runtime}, scheduled at '
-'next_fire_at (default now). A repeated idempotency_key returns the existing instance '
-'with deduplicated = true. Context over orch8.max_context_bytes (default: the limit '
-'context_bytes, 262144): O8008. '
-'Notifies channel orch8_work so idle runners wake.';
+'Start an instance of a sequence version: context {data, config, runtime}, its tree '
+'started (the root list, its first block ready at next_fire_at, default now), scheduled. '
+'A repeated idempotency_key returns the existing instance with deduplicated = true. '
+'Context over orch8.max_context_bytes (default: the limit context_bytes, 262144): O8008. '
+'A child (p_parent_instance_id, and p_parent_path for a sub_sequence node) is one level '
+'deeper than its parent, at most sub_sequence_depth (else O8008). The sequence''s '
+'input_schema is checked by the front ends (docs/WORKFLOWS.md), not here. Notifies '
+'channel orch8_work so idle runners wake.';
 
 CREATE OR REPLACE FUNCTION orch8.reclaim_expired_leases(p_limit integer DEFAULT 100)
 RETURNS integer
@@ -117,21 +143,29 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_row record;
+    v_inst orch8.task_instances;
+    v_node orch8.execution_nodes;
     v_count integer := 0;
 BEGIN
-    -- Rare and bounded, so one instance at a time through transition_instance: the audit
-    -- row, a woken parent and the work notification come from the one place that does
-    -- them. The row lock held from the SELECT keeps token and expiry as they were read.
+    -- Rare and bounded, so one node at a time through the functions that move nodes. The
+    -- instance's row is locked with the node's, both skipped when busy (the one lock order
+    -- of a tree is instance, then node).
     FOR v_row IN
-        SELECT t.tenant_id, t.id, t.requested_state
-        FROM orch8.task_instances AS t
-        WHERE t.state = 'running' AND t.lease_expires_at < orch8.now()
-        ORDER BY t.lease_expires_at
+        SELECT n.tenant_id, n.instance_id, n.path
+        FROM orch8.execution_nodes AS n
+        JOIN orch8.task_instances AS t ON t.tenant_id = n.tenant_id AND t.id = n.instance_id
+        WHERE n.lease_token IS NOT NULL AND n.lease_expires_at < orch8.now()
+        ORDER BY n.lease_expires_at
         LIMIT greatest(p_limit, 0)
-        FOR UPDATE SKIP LOCKED
+        FOR UPDATE OF t, n SKIP LOCKED
     LOOP
-        IF v_row.requested_state IS NOT NULL THEN
-            -- Paused or cancelled, the step will not begin again soon, and beginning it
+        SELECT * INTO v_inst FROM orch8.task_instances AS t
+        WHERE t.tenant_id = v_row.tenant_id AND t.id = v_row.instance_id;
+        SELECT * INTO v_node FROM orch8.execution_nodes AS n
+        WHERE n.tenant_id = v_row.tenant_id AND n.instance_id = v_row.instance_id
+          AND n.path = v_row.path;
+        IF v_node.cancel_requested OR v_inst.requested_state IS NOT NULL THEN
+            -- Cancelled or paused, the step will not begin again soon, and beginning it
             -- again is what would notice a receipt the lost runner left dispatched. Say
             -- now that its outcome is unknown, so it reaches the operator queue and can be
             -- resolved (a dispatched receipt cannot be).
@@ -139,18 +173,30 @@ BEGIN
                 jsonb_build_object(
                     'actor', 'lease-sweep',
                     'note', 'the runner lost its lease before it recorded the step',
-                    'error', format('outcome unknown: the lease expired and the instance '
-                                    'was %s as requested', v_row.requested_state)))
+                    'error', format('outcome unknown: the lease expired and the %s was %s',
+                                    CASE WHEN v_node.cancel_requested THEN 'node'
+                                         ELSE 'instance' END,
+                                    CASE WHEN v_node.cancel_requested THEN 'cancelled'
+                                         ELSE v_inst.requested_state::text || ' as requested' END)))
             FROM orch8.effect_receipts AS r
-            WHERE r.tenant_id = v_row.tenant_id AND r.instance_id = v_row.id
-              AND r.state = 'dispatched';
+            WHERE r.tenant_id = v_row.tenant_id AND r.instance_id = v_row.instance_id
+              AND r.block_id = v_row.path AND r.state = 'dispatched';
             PERFORM orch8.schedule_verification(r.tenant_id, r.id, 'lease-sweep')
             FROM orch8.effect_receipts AS r
-            WHERE r.tenant_id = v_row.tenant_id AND r.instance_id = v_row.id
-              AND r.state = 'unknown';
+            WHERE r.tenant_id = v_row.tenant_id AND r.instance_id = v_row.instance_id
+              AND r.block_id = v_row.path AND r.state = 'unknown';
         END IF;
-        PERFORM orch8.transition_instance(v_row.tenant_id, v_row.id, 'running',
-            coalesce(v_row.requested_state, 'scheduled'), 'lease-sweep', 'lease expired');
+        IF v_node.cancel_requested THEN
+            PERFORM orch8.end_node(v_inst, v_row.path, 'cancelled', NULL, NULL, NULL);
+        ELSE
+            UPDATE orch8.execution_nodes AS n
+            SET state = 'ready', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+                next_fire_at = orch8.now(), updated_at = orch8.now()
+            WHERE n.tenant_id = v_row.tenant_id AND n.instance_id = v_row.instance_id
+              AND n.path = v_row.path;
+        END IF;
+        PERFORM orch8.sync_instance(v_row.tenant_id, v_row.instance_id, 'lease-sweep',
+                                    'lease expired');
         v_count := v_count + 1;
     END LOOP;
     RETURN v_count;
@@ -158,52 +204,74 @@ END
 $$;
 
 COMMENT ON FUNCTION orch8.reclaim_expired_leases(integer) IS
-'Bounded sweep: up to p_limit running instances whose lease expired go back to scheduled, '
-'or to the paused or cancelled state requested meanwhile (then a receipt the lost runner '
-'left dispatched becomes unknown, for the operator queue, and its step''s verifier is '
-'scheduled). Through transition_instance: '
-'audit row, parent woken. Returns how many. claim_due_instances runs it.';
+'Bounded sweep: up to p_limit nodes whose lease expired go back to ready (the next '
+'begin_step of that node finds a receipt the lost runner left dispatched and makes it '
+'unknown), or, in a cancelled subtree, end cancelled; when the node or its instance was '
+'cancelled or paused meanwhile, a receipt the lost runner left dispatched becomes unknown '
+'at once (for the operator queue) and its step''s verifier is scheduled. The instance '
+'follows (sync_instance). Returns how many. claim_due_nodes runs it.';
 
-CREATE OR REPLACE FUNCTION orch8.claim_due_instances(
+CREATE OR REPLACE FUNCTION orch8.claim_due_nodes(
     p_worker_id text, p_batch integer, p_lease interval DEFAULT '30 seconds'
 )
-RETURNS SETOF orch8.task_instances
+RETURNS SETOF orch8.execution_nodes
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_claimed orch8.execution_nodes [];
+    v_instance record;
 BEGIN
     IF p_worker_id IS NULL OR p_worker_id = '' OR p_batch IS NULL OR p_batch < 1
        OR p_lease IS NULL OR p_lease <= interval '0' THEN
-        RAISE EXCEPTION 'claim_due_instances needs a worker id, a batch >= 1 and a positive lease'
+        RAISE EXCEPTION 'claim_due_nodes needs a worker id, a batch >= 1 and a positive lease'
             USING ERRCODE = 'O8008';
     END IF;
     PERFORM orch8.reclaim_expired_leases(p_batch);
-    PERFORM orch8.attribute_transition(p_worker_id, NULL);
-    RETURN QUERY
+    -- The instance's row is locked with the node's, and both are skipped when busy: every
+    -- other move of a tree locks the instance first (one lock order), and a busy instance
+    -- is some other runner's moment.
     WITH due AS (
-        SELECT t.tenant_id, t.id
-        FROM orch8.task_instances AS t
-        WHERE t.state = 'scheduled' AND t.next_fire_at <= orch8.now()
-        ORDER BY t.priority DESC, t.next_fire_at
+        SELECT n.tenant_id, n.instance_id, n.path
+        FROM orch8.execution_nodes AS n
+        JOIN orch8.task_instances AS t ON t.tenant_id = n.tenant_id AND t.id = n.instance_id
+        WHERE n.state = 'ready' AND n.next_fire_at <= orch8.now()
+          AND t.state IN ('scheduled', 'running', 'waiting')
+          AND t.requested_state IS DISTINCT FROM 'paused'
+        ORDER BY n.priority DESC, n.next_fire_at
         LIMIT p_batch
-        FOR UPDATE SKIP LOCKED
+        FOR UPDATE OF n, t SKIP LOCKED
     ),
     claimed AS (
-        UPDATE orch8.task_instances AS t
+        UPDATE orch8.execution_nodes AS n
         SET state = 'running', lease_owner = p_worker_id, lease_token = gen_random_uuid(),
             lease_expires_at = orch8.now() + p_lease, updated_at = orch8.now()
         FROM due AS d
-        WHERE t.tenant_id = d.tenant_id AND t.id = d.id AND t.state = 'scheduled'
-        RETURNING t.*
+        WHERE n.tenant_id = d.tenant_id AND n.instance_id = d.instance_id AND n.path = d.path
+          AND n.state = 'ready'
+        RETURNING n
     )
-    SELECT * FROM claimed;
+    SELECT coalesce(array_agg(c.n), ARRAY[]::orch8.execution_nodes []) INTO v_claimed
+    FROM claimed AS c;
+    FOR v_instance IN
+        SELECT DISTINCT c.tenant_id, c.instance_id, t.state
+        FROM unnest(v_claimed) AS c
+        JOIN orch8.task_instances AS t ON t.tenant_id = c.tenant_id AND t.id = c.instance_id
+        WHERE t.state <> 'running'
+    LOOP
+        PERFORM orch8.attribute_transition(p_worker_id, NULL);
+        UPDATE orch8.task_instances AS t SET state = 'running', updated_at = orch8.now()
+        WHERE t.tenant_id = v_instance.tenant_id AND t.id = v_instance.instance_id;
+    END LOOP;
+    RETURN QUERY SELECT * FROM unnest(v_claimed);
 END
 $$;
 
-COMMENT ON FUNCTION orch8.claim_due_instances(text, integer, interval) IS
-'One round trip for a batch: reclaim up to p_batch expired leases, then claim up to '
-'p_batch due scheduled instances (priority, then next_fire_at; FOR UPDATE SKIP LOCKED), '
-'each with a fresh lease token and expiry now + p_lease. Every later write for an '
-'instance carries its token.';
+COMMENT ON FUNCTION orch8.claim_due_nodes(text, integer, interval) IS
+'One round trip for a batch: reclaim up to p_batch expired node leases, then claim up to '
+'p_batch due ready nodes of instances that are not paused (priority, then next_fire_at; '
+'FOR UPDATE SKIP LOCKED, the node''s instance locked with it), each with a fresh lease '
+'token and expiry now + p_lease; their instances become running. Every later write for '
+'a node carries its token.';
 
 CREATE OR REPLACE FUNCTION orch8.lock_leased_instance(
     p_tenant_id text, p_instance_id uuid, p_lease_token uuid
@@ -213,6 +281,7 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_row orch8.task_instances;
+    v_node orch8.execution_nodes;
 BEGIN
     SELECT * INTO v_row FROM orch8.task_instances AS t
      WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id
@@ -221,21 +290,24 @@ BEGIN
         RAISE EXCEPTION 'instance % not found', p_instance_id
             USING ERRCODE = 'O8007', DETAIL = json_build_object('instance_id', p_instance_id)::text;
     END IF;
-    IF v_row.state <> 'running' OR v_row.lease_token IS DISTINCT FROM p_lease_token
-       OR v_row.lease_expires_at < orch8.now() THEN
+    SELECT * INTO v_node FROM orch8.execution_nodes AS n
+     WHERE n.tenant_id = p_tenant_id AND n.instance_id = p_instance_id
+       AND n.lease_token = p_lease_token;
+    IF v_node.path IS NULL OR v_node.lease_expires_at < orch8.now() THEN
         RAISE EXCEPTION 'lease on instance % is no longer held by this caller', p_instance_id
             USING ERRCODE = 'O8001',
                   DETAIL = json_build_object('instance_id', p_instance_id,
                                              'current_state', v_row.state,
-                                             'lease_owner', v_row.lease_owner)::text;
+                                             'lease_owner', v_node.lease_owner)::text;
     END IF;
     RETURN v_row;
 END
 $$;
 
 COMMENT ON FUNCTION orch8.lock_leased_instance(text, uuid, uuid) IS
-'Lock a running instance for a write by its lease holder; a token that is not the '
-'current one, or an expired lease, raises O8001 stale_lease (the caller stops quietly).';
+'Lock an instance for a write by the holder of one of its nodes'' leases; a token that '
+'no node of the instance holds, or an expired lease, raises O8001 stale_lease (the caller '
+'stops quietly).';
 
 CREATE OR REPLACE FUNCTION orch8.heartbeat_leases(p_lease_tokens uuid[], p_lease interval)
 RETURNS SETOF uuid
@@ -248,19 +320,18 @@ BEGIN
             coalesce(p_lease::text, 'NULL') USING ERRCODE = 'O8008';
     END IF;
     RETURN QUERY
-    UPDATE orch8.task_instances AS t
+    UPDATE orch8.execution_nodes AS n
     SET lease_expires_at = orch8.now() + p_lease
-    WHERE t.state = 'running'
-      AND t.lease_token = ANY(p_lease_tokens)
-      AND t.lease_expires_at >= orch8.now()
-    RETURNING t.lease_token;
+    WHERE n.lease_token = ANY(p_lease_tokens)
+      AND n.lease_expires_at >= orch8.now()
+    RETURNING n.lease_token;
 END
 $$;
 
 COMMENT ON FUNCTION orch8.heartbeat_leases(uuid[], interval) IS
-'Extend every still-held lease among p_lease_tokens to now + p_lease in one statement; '
-'returns the tokens still held (a missing one was lost: stop work on that instance). '
-'A lease that is NULL or not positive: O8008.';
+'Extend every still-held node lease among p_lease_tokens to now + p_lease in one '
+'statement; returns the tokens still held (a missing one was lost: stop work on that '
+'node). A lease that is NULL or not positive: O8008.';
 
 CREATE OR REPLACE FUNCTION orch8.transition_instance(
     p_tenant_id text,
@@ -274,6 +345,8 @@ CREATE OR REPLACE FUNCTION orch8.transition_instance(
 RETURNS boolean
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_row orch8.task_instances;
 BEGIN
     IF NOT orch8.instance_can_transition(p_expected, p_next) THEN
         RAISE EXCEPTION 'instance % cannot move from % to %', p_instance_id, p_expected, p_next
@@ -282,9 +355,9 @@ BEGIN
                                              'from_state', p_expected, 'to_state', p_next)::text;
     END IF;
     IF p_next = 'running' THEN
-        -- running carries a lease, which only a claim issues
+        -- running means a node holds a lease, which only a claim issues
         RAISE EXCEPTION 'instance % moves to running only by a claim', p_instance_id
-            USING ERRCODE = 'O8004', HINT = 'orch8.claim_due_instances';
+            USING ERRCODE = 'O8004', HINT = 'orch8.claim_due_nodes';
     END IF;
     PERFORM orch8.attribute_transition(p_actor, p_reason);
     UPDATE orch8.task_instances AS t
@@ -294,23 +367,20 @@ BEGIN
                                 CASE WHEN p_next = 'scheduled' THEN orch8.now()
                                      ELSE t.next_fire_at END),
         error = CASE WHEN p_next = 'failed' THEN p_reason
-                     WHEN p_next = 'scheduled' THEN NULL ELSE t.error END,
-        requested_state = CASE WHEN p_next = 'running' THEN t.requested_state END,
-        lease_owner = CASE WHEN p_next = 'running' THEN t.lease_owner END,
-        lease_token = CASE WHEN p_next = 'running' THEN t.lease_token END,
-        lease_expires_at = CASE WHEN p_next = 'running' THEN t.lease_expires_at END
-    WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id AND t.state = p_expected;
-    IF NOT found THEN
+                     WHEN p_next IN ('scheduled', 'waiting', 'completed') THEN NULL
+                     ELSE t.error END,
+        -- a request holds until it is met, or the instance ends
+        requested_state = CASE WHEN p_next = t.requested_state
+                                    OR p_next IN ('completed', 'failed', 'cancelled')
+                               THEN NULL ELSE t.requested_state END
+    WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id AND t.state = p_expected
+    RETURNING t.* INTO v_row;
+    IF v_row.id IS NULL THEN
         RETURN false;
     END IF;
-    IF p_next IN ('completed', 'failed', 'cancelled') THEN
-        -- a child that ends wakes its parent if the parent waits for it
-        PERFORM orch8.transition_instance(
-            p_tenant_id, t.parent_instance_id, 'waiting', 'scheduled', 'child',
-            format('child %s %s', p_instance_id, p_next))
-        FROM orch8.task_instances AS t
-        WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id
-          AND t.parent_instance_id IS NOT NULL;
+    IF p_next IN ('completed', 'failed', 'cancelled') AND v_row.parent_instance_id IS NOT NULL
+    THEN
+        PERFORM orch8.child_ended(v_row);
     END IF;
     IF p_next = 'scheduled' THEN
         PERFORM pg_notify('orch8_work', '');
@@ -323,9 +393,10 @@ COMMENT ON FUNCTION orch8.transition_instance(
     text, uuid, orch8.instance_state, orch8.instance_state, text, text, timestamptz
 ) IS
 'CAS an instance from p_expected to p_next (the table in instance_can_transition; an '
-'illegal pair raises O8004) and write the audit row. Leaving running drops the lease. '
-'An instance that ends (completed, failed, cancelled) wakes its parent when the parent is '
-'waiting. Returns false when the instance was not in p_expected (never retried).';
+'illegal pair raises O8004) and write the audit row. A requested pause or cancel holds '
+'until the instance reaches it or ends. A child that ends (completed, failed, cancelled) '
+'makes its parent''s sub_sequence node ready (child_ended). Returns false when the '
+'instance was not in p_expected (never retried).';
 
 CREATE OR REPLACE FUNCTION orch8.release_lease(
     p_tenant_id text,
@@ -337,24 +408,25 @@ CREATE OR REPLACE FUNCTION orch8.release_lease(
 RETURNS void
 LANGUAGE plpgsql
 AS $$
-DECLARE
-    v_inst orch8.task_instances;
 BEGIN
-    v_inst := orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
-    IF v_inst.requested_state IS NOT NULL THEN  -- a pause or cancel asked meanwhile wins
-        PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running',
-            v_inst.requested_state, 'operator', 'requested while running');
-        RETURN;
-    END IF;
-    PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running', 'scheduled',
-                                      'runner', p_reason, p_next_fire_at);
+    PERFORM orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
+    UPDATE orch8.execution_nodes AS n
+    SET state = 'ready', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        next_fire_at = coalesce(p_next_fire_at, orch8.now()), updated_at = orch8.now()
+    WHERE n.tenant_id = p_tenant_id AND n.instance_id = p_instance_id
+      AND n.lease_token = p_lease_token;
+    PERFORM orch8.sync_instance(p_tenant_id, p_instance_id,
+        CASE WHEN (SELECT t.requested_state FROM orch8.task_instances AS t
+                   WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id) IS NOT NULL
+             THEN 'operator' ELSE 'runner' END,
+        p_reason);
 END
 $$;
 
 COMMENT ON FUNCTION orch8.release_lease(text, uuid, uuid, timestamptz, text) IS
-'The lease holder hands a running instance back to scheduled (at p_next_fire_at, default '
-'now), or to the paused or cancelled state requested meanwhile: on graceful shutdown, or '
-'to wait for a retry backoff. Stale token: O8001.';
+'The lease holder hands its node back to ready (at p_next_fire_at, default now): on '
+'graceful shutdown. The instance follows (scheduled, or the pause requested meanwhile). '
+'Stale token: O8001.';
 
 CREATE OR REPLACE FUNCTION orch8.compute_attempt(
     p_tenant_id text, p_instance_id uuid, p_block_id text
@@ -520,39 +592,6 @@ COMMENT ON FUNCTION orch8.instance_progress(text, uuid) IS
 'Per block of an instance: the latest row''s attempt and sentinel (what compute_attempt '
 'reads) and the latest real output, as {block_id: {attempt, sentinel, output}}.';
 
-CREATE OR REPLACE FUNCTION orch8.next_block_id(
-    p_tenant_id text, p_sequence_id uuid, p_block_id text
-)
-RETURNS text
-LANGUAGE sql
-STABLE
-AS $$
-    SELECT b.next_id
-    FROM orch8.sequences AS s,
-        LATERAL (
-            SELECT e.value ->> 'id' AS id,
-                   lead(e.value ->> 'id') OVER (ORDER BY e.ordinality) AS next_id
-            FROM jsonb_array_elements(s.definition -> 'blocks') WITH ORDINALITY AS e
-        ) AS b
-    WHERE s.tenant_id = p_tenant_id AND s.id = p_sequence_id AND b.id = p_block_id
-$$;
-
-COMMENT ON FUNCTION orch8.next_block_id(text, uuid, text) IS
-'The id of the top-level block after p_block_id in a sequence, or NULL at the end.';
-
-CREATE OR REPLACE FUNCTION orch8.first_block_id(p_tenant_id text, p_sequence_id uuid)
-RETURNS text
-LANGUAGE sql
-STABLE
-AS $$
-    SELECT s.definition -> 'blocks' -> 0 ->> 'id'
-    FROM orch8.sequences AS s
-    WHERE s.tenant_id = p_tenant_id AND s.id = p_sequence_id
-$$;
-
-COMMENT ON FUNCTION orch8.first_block_id(text, uuid) IS
-'The id of the first top-level block of a sequence, where a new instance starts.';
-
 CREATE OR REPLACE FUNCTION orch8.claim_work(
     p_worker_id text, p_batch integer, p_lease interval DEFAULT '30 seconds'
 )
@@ -564,6 +603,12 @@ RETURNS TABLE (
     context jsonb,
     current_block text,
     current_attempt integer,
+    block_id text,
+    kind text,
+    node_position integer,
+    phase text,
+    child_instance_id uuid,
+    vars jsonb,
     parent_instance_id uuid,
     lease_token uuid,
     progress jsonb
@@ -571,30 +616,31 @@ RETURNS TABLE (
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_claimed orch8.task_instances [];
+    v_claimed orch8.execution_nodes [];
 BEGIN
     -- Two statements on purpose. The claim takes fresh snapshots inside, so it may claim
-    -- an instance scheduled by a transaction that committed after this call began; the
-    -- STABLE reads below would still see the snapshot of the statement that called them.
-    -- Read in a statement that starts after the claim, they see what it saw (the output
-    -- a verifier recorded with the move to scheduled, the __retry__ row of a retry).
-    v_claimed := ARRAY(SELECT c FROM orch8.claim_due_instances(p_worker_id, p_batch, p_lease) AS c);
+    -- a node readied by a transaction that committed after this call began; the STABLE
+    -- reads below would still see the snapshot of the statement that called them. Read in
+    -- a statement that starts after the claim, they see what it saw (the output a verifier
+    -- recorded with the move to ready, the __retry__ row of a retry).
+    v_claimed := ARRAY(SELECT c FROM orch8.claim_due_nodes(p_worker_id, p_batch, p_lease) AS c);
     RETURN QUERY
     SELECT
-        c.tenant_id, c.id, c.sequence_id, c.sequence_version, c.context, b.block_id,
-        orch8.compute_attempt(c.tenant_id, c.id, b.block_id),
-        c.parent_instance_id, c.lease_token, orch8.instance_progress(c.tenant_id, c.id)
+        c.tenant_id, c.instance_id, t.sequence_id, t.sequence_version, t.context, c.path,
+        orch8.compute_attempt(c.tenant_id, c.instance_id, c.path), c.block_id, c.kind,
+        c.position, c.items ->> 'asking', c.child_instance_id,
+        orch8.node_vars(c.tenant_id, c.instance_id, c.path),
+        t.parent_instance_id, c.lease_token, orch8.instance_progress(c.tenant_id, c.instance_id)
     FROM unnest(v_claimed) AS c
-    CROSS JOIN LATERAL (
-        SELECT coalesce(c.current_block, orch8.first_block_id(c.tenant_id, c.sequence_id))
-            AS block_id
-    ) AS b;
+    JOIN orch8.task_instances AS t ON t.tenant_id = c.tenant_id AND t.id = c.instance_id;
 END
 $$;
 
 COMMENT ON FUNCTION orch8.claim_work(text, integer, interval) IS
-'The runner''s claim: claim_due_instances plus, per instance, the block to run (its '
-'current block, or the first one) with its attempt (compute_attempt) and the progress of '
-'every block, so a batch costs one round trip and the steps that follow need no further '
-'reads. The attempt and progress are read after the claim, in a statement of their own, so '
-'they include what the transaction that scheduled the instance wrote.';
+'The runner''s claim: claim_due_nodes plus, per node, what running it needs: its '
+'instance''s context, its path, attempt (compute_attempt), block id, kind, position and '
+'what it asks for (a loop''s condition or break_on, a collection, a route), its child '
+'instance, its variables (node_vars) and the outputs of the whole instance, so a batch '
+'costs one round trip and the steps that follow need no further reads. The attempt and '
+'outputs are read after the claim, in a statement of their own, so they include what '
+'the transaction that readied the node wrote.';

@@ -193,11 +193,14 @@ AS $$
     ('definition', 'blocks', true, 'a non-empty array of blocks, run in order'),
     ('definition', 'invariants', true, 'declared invariants'),
     ('definition', 'interceptors', false, 'not supported yet'),
-    ('definition', 'input_schema', false, 'not supported yet'),
+    ('definition', 'input_schema', true,
+     'a JSON Schema the instance''s data must match when it starts'),
     ('definition', 'output_schema', false, 'not supported yet'),
     ('definition', 'sla', false, 'not supported yet'),
-    ('definition', 'on_failure', false, 'not supported yet'),
-    ('definition', 'on_cancel', false, 'not supported yet'),
+    ('definition', 'on_failure', true,
+     'blocks run when the instance fails ({{ error }} bound), before it ends failed'),
+    ('definition', 'on_cancel', true,
+     'blocks run when the instance is cancelled, before it ends cancelled'),
     ('definition', 'deprecated', false, 'not supported yet'),
     ('definition', 'status', false, 'not supported yet'),
     ('definition', 'id', false, 'set by create_sequence, not by the document'),
@@ -208,14 +211,15 @@ AS $$
     ('definition', 'created_at', false, 'set by create_sequence, not by the document'),
     -- block types
     ('block_type', 'step', true, 'runs one handler'),
-    ('block_type', 'parallel', false, 'not supported yet'),
-    ('block_type', 'race', false, 'not supported yet'),
-    ('block_type', 'loop', false, 'not supported yet'),
-    ('block_type', 'for_each', false, 'not supported yet'),
-    ('block_type', 'router', false, 'not supported yet'),
-    ('block_type', 'try_catch', false, 'not supported yet'),
-    ('block_type', 'sub_sequence', false, 'not supported yet'),
-    ('block_type', 'saga', false, 'not supported yet'),
+    ('block_type', 'parallel', true, 'runs its branches at once'),
+    ('block_type', 'race', true, 'runs its branches at once; the first to end wins'),
+    ('block_type', 'loop', true, 'runs its body while a condition holds'),
+    ('block_type', 'for_each', true, 'runs its body once per item of a collection'),
+    ('block_type', 'router', true, 'runs the blocks of the first route whose condition holds'),
+    ('block_type', 'try_catch', true, 'runs catch blocks when the try blocks fail, then finally'),
+    ('block_type', 'sub_sequence', true, 'runs another sequence as a child instance'),
+    ('block_type', 'saga', true,
+     'runs its blocks in order; when one fails, compensates the completed steps'),
     ('block_type', 'a_b_split', false, 'not supported yet'),
     ('block_type', 'cancellation_scope', false, 'not supported yet'),
     -- a step
@@ -240,9 +244,10 @@ AS $$
     ('step', 'on_deadline_breach', false, 'not supported yet'),
     ('step', 'fallback_handler', false, 'not supported yet'),
     ('step', 'cache_key', false, 'not supported yet'),
-    ('step', 'output_schema', false, 'not supported yet'),
-    ('step', 'when', false, 'not supported yet'),
-    ('step', 'compensation', false, 'not supported yet'),
+    ('step', 'output_schema', true,
+     'a JSON Schema the handler''s output must match (else a failure no retry repairs)'),
+    ('step', 'when', true, 'an expression: when false, the step is skipped'),
+    ('step', 'compensation', true, 'in a saga: the handler call that undoes this step'),
     -- a step's retry policy
     ('retry', 'max_attempts', true, 'attempts in all, the first included'),
     ('retry', 'initial_backoff', true, 'milliseconds before the second attempt'),
@@ -251,7 +256,62 @@ AS $$
     ('retry', 'non_retryable_codes', true, 'error codes that fail the step at once'),
     ('retry', 'on_ambiguous', true,
      'after an ambiguous outcome: same_key, new_attempt or settle (orch8.ambiguity_modes)'),
-    ('retry', 'retry_if', false, 'not supported yet'),
+    ('retry', 'retry_if', true,
+     'an expression over error (message, code, attempt): false fails the step at once'),
+    -- composite blocks
+    ('parallel', 'type', true, 'parallel'),
+    ('parallel', 'id', true, 'unique among the blocks; A-Z a-z 0-9 _ -'),
+    ('parallel', 'branches', true, 'an array of branches, each a non-empty array of blocks'),
+    ('parallel', 'on_branch_failure', true,
+     'fail (default: the first failed branch fails the block and cancels the others) or '
+     'continue (every branch runs; the output lists each one''s output or error)'),
+    ('race', 'type', true, 'race'),
+    ('race', 'id', true, 'unique among the blocks; A-Z a-z 0-9 _ -'),
+    ('race', 'branches', true, 'two or more branches, each a non-empty array of blocks'),
+    ('race', 'semantics', true,
+     'first_to_resolve (default: the first branch to complete or fail decides) or '
+     'first_to_succeed (the first to complete; fails when every branch failed)'),
+    ('loop', 'type', true, 'loop'),
+    ('loop', 'id', true, 'unique among the blocks; A-Z a-z 0-9 _ -'),
+    ('loop', 'condition', true, 'an expression asked before each iteration'),
+    ('loop', 'body', true, 'the blocks of one iteration ({{ iteration }} is its number)'),
+    ('loop', 'max_iterations', true,
+     'at most this many iterations (default 1000): a condition still true then fails the loop'),
+    ('loop', 'break_on', true, 'an expression asked after each iteration: true ends the loop'),
+    ('for_each', 'type', true, 'for_each'),
+    ('for_each', 'id', true, 'unique among the blocks; A-Z a-z 0-9 _ -'),
+    ('for_each', 'collection', true, 'an expression whose value is the list of items'),
+    ('for_each', 'body', true, 'the blocks run for one item'),
+    ('for_each', 'item_var', true, 'the name the item has in the body (default item)'),
+    ('for_each', 'index_var', true, 'the name of the item''s position (default index)'),
+    ('for_each', 'max_iterations', true,
+     'at most this many items (default 1000): a longer collection fails the block'),
+    ('for_each', 'concurrency', true, 'how many items run at once (default 1)'),
+    ('router', 'type', true, 'router'),
+    ('router', 'id', true, 'unique among the blocks; A-Z a-z 0-9 _ -'),
+    ('router', 'routes', true, 'an array of {condition, blocks}, asked in order'),
+    ('router', 'default', true, 'the blocks run when no route''s condition holds'),
+    ('route', 'condition', true, 'an expression'),
+    ('route', 'blocks', true, 'the blocks run when it is the first that holds'),
+    ('try_catch', 'type', true, 'try_catch'),
+    ('try_catch', 'id', true, 'unique among the blocks; A-Z a-z 0-9 _ -'),
+    ('try_catch', 'try_block', true, 'the blocks tried'),
+    ('try_catch', 'catch_block', true,
+     'the blocks run when the try blocks fail ({{ error }}: message, code, path)'),
+    ('try_catch', 'finally_block', true, 'the blocks run after the try or catch blocks'),
+    ('saga', 'type', true, 'saga'),
+    ('saga', 'id', true, 'unique among the blocks; A-Z a-z 0-9 _ -'),
+    ('saga', 'blocks', true, 'the blocks run in order; its steps may declare a compensation'),
+    ('sub_sequence', 'type', true, 'sub_sequence'),
+    ('sub_sequence', 'id', true, 'unique among the blocks; A-Z a-z 0-9 _ -'),
+    ('sub_sequence', 'sequence_name', true, 'the sequence the child instance runs'),
+    ('sub_sequence', 'namespace', true, 'its namespace (default: the parent''s)'),
+    ('sub_sequence', 'version', true, 'its version (default: the latest when the child starts)'),
+    ('sub_sequence', 'input', true, 'the child''s data, with {{ }} templates'),
+    ('compensation', 'handler', true, 'the handler that undoes the step'),
+    ('compensation', 'params', true, 'its parameters, with {{ }} templates'),
+    ('compensation', 'timeout', true, 'milliseconds the handler may run'),
+    ('compensation', 'retry', true, 'its retry policy'),
     -- a step's verifier: exactly one of http, replay, handler
     ('verify', 'http', true, 'a lookup request {method, url, headers} with {{ }} templates'),
     ('verify', 'applied_if', true,
@@ -284,7 +344,9 @@ $$;
 
 COMMENT ON FUNCTION orch8.sequence_language() IS
 'Every field of the sequence language, by scope (definition, block_type, step, retry, '
-'verify, verify_http, invariant, invariant_type), and whether this engine runs it. '
+'verify, verify_http, invariant, invariant_type, and each composite block type: '
+'parallel, race, loop, for_each, router, route, try_catch, saga, sub_sequence, '
+'compensation), and whether this engine runs it. '
 'validate_sequence accepts exactly the supported ones and refuses the others with their '
 'note ("not supported yet"); a name not listed is "unknown".';
 
@@ -318,6 +380,8 @@ LANGUAGE plpgsql
 IMMUTABLE
 PARALLEL SAFE
 AS $$
+DECLARE
+    v_field text;
 BEGIN
     RETURN QUERY SELECT * FROM orch8.sequence_field_problems('definition', p_definition, '$');
     IF NOT p_definition ? 'blocks' THEN
@@ -325,16 +389,29 @@ BEGIN
     ELSIF jsonb_typeof(p_definition -> 'blocks') <> 'array'
           OR jsonb_array_length(p_definition -> 'blocks') = 0 THEN
         RETURN QUERY SELECT '$.blocks', 'blocks must be a non-empty array of blocks';
-    ELSIF jsonb_array_length(p_definition -> 'blocks') > orch8.limit_of('sequence_blocks') THEN
+    ELSIF (SELECT count(*) FROM orch8.definition_blocks(p_definition))
+          > orch8.limit_of('sequence_blocks') THEN
         RETURN QUERY SELECT '$.blocks',
             format('more than %s blocks', orch8.limit_of('sequence_blocks'));
+    END IF;
+    FOREACH v_field IN ARRAY ARRAY['on_failure', 'on_cancel'] LOOP
+        IF p_definition ? v_field AND (jsonb_typeof(p_definition -> v_field) <> 'array'
+                                       OR jsonb_array_length(p_definition -> v_field) = 0) THEN
+            RETURN QUERY SELECT '$.' || v_field, v_field || ' must be a non-empty array of blocks';
+        END IF;
+    END LOOP;
+    IF p_definition ? 'input_schema' AND jsonb_typeof(p_definition -> 'input_schema') <> 'object'
+    THEN
+        RETURN QUERY SELECT '$.input_schema', 'input_schema must be a JSON Schema (an object)';
     END IF;
 END
 $$;
 
 COMMENT ON FUNCTION orch8.sequence_top_problems(jsonb) IS
-'Problems of a definition''s top level: fields the language does not accept, and blocks '
-'missing, empty, not an array or over the sequence_blocks limit.';
+'Problems of a definition''s top level: fields the language does not accept; blocks '
+'missing, empty or not an array, or more than sequence_blocks at every depth; on_failure '
+'and on_cancel not non-empty arrays; input_schema not an object (its being a JSON Schema '
+'is checked by orch8_py before storing).';
 
 CREATE OR REPLACE FUNCTION orch8.sequence_params_problems(
     p_params jsonb, p_path text, p_roots text[] DEFAULT orch8.template_roots()
@@ -565,7 +642,9 @@ COMMENT ON FUNCTION orch8.sequence_verify_problems(jsonb, text) IS
 'delays of 0..verify_delay_ms; on_verified continue|stop; on_not_applied retry|stop. The '
 'expressions'' syntax is the runner''s (checked by orch8_py before storing).';
 
-CREATE OR REPLACE FUNCTION orch8.sequence_step_problems(p_step jsonb, p_path text)
+CREATE OR REPLACE FUNCTION orch8.sequence_call_problems(
+    p_call jsonb, p_path text, p_roots text []
+)
 RETURNS TABLE (path text, message text)
 LANGUAGE plpgsql
 STABLE
@@ -574,43 +653,68 @@ AS $$
 DECLARE
     v_builtin orch8.builtin_handlers;
 BEGIN
-    IF NOT p_step ? 'handler' THEN
+    IF NOT p_call ? 'handler' THEN
         RETURN QUERY SELECT p_path || '.handler', 'handler is required (a non-empty string)';
-    ELSIF jsonb_typeof(p_step -> 'handler') <> 'string' OR p_step ->> 'handler' = '' THEN
+    ELSIF jsonb_typeof(p_call -> 'handler') <> 'string' OR p_call ->> 'handler' = '' THEN
         RETURN QUERY SELECT p_path || '.handler', 'handler must be a non-empty string';
     ELSE
         SELECT * INTO v_builtin FROM orch8.builtin_handlers AS h
-        WHERE h.name = p_step ->> 'handler';
+        WHERE h.name = p_call ->> 'handler';
         IF v_builtin.name IS NOT NULL AND NOT v_builtin.implemented THEN
             RETURN QUERY SELECT p_path || '.handler',
                 format('handler "%s" is a builtin that is not supported yet', v_builtin.name);
         END IF;
     END IF;
-    IF p_step ? 'params' THEN
-        IF jsonb_typeof(p_step -> 'params') <> 'object' THEN
+    IF p_call ? 'params' THEN
+        IF jsonb_typeof(p_call -> 'params') <> 'object' THEN
             RETURN QUERY SELECT p_path || '.params', 'params must be a JSON object';
         ELSE
             RETURN QUERY SELECT * FROM orch8.sequence_params_problems(
-                p_step -> 'params', p_path || '.params');
+                p_call -> 'params', p_path || '.params', p_roots);
         END IF;
     END IF;
-    IF p_step ? 'timeout'
-       AND coalesce(orch8.sequence_json_integer(p_step -> 'timeout') < 1, true) THEN
+    IF p_call ? 'timeout'
+       AND coalesce(orch8.sequence_json_integer(p_call -> 'timeout') < 1, true) THEN
         RETURN QUERY SELECT p_path || '.timeout',
             'timeout must be a positive integer (milliseconds)';
     END IF;
-    IF p_step ? 'retry' THEN
+    IF p_call ? 'retry' THEN
         RETURN QUERY SELECT * FROM orch8.sequence_retry_problems(
-            p_step -> 'retry', p_path || '.retry');
-        IF p_step -> 'retry' ->> 'on_ambiguous' = 'same_key'
-           AND (p_step -> 'provider_idempotency') IS DISTINCT FROM 'true'
-           AND NOT coalesce((p_step -> 'params') ? 'idempotency_key', false) THEN
+            p_call -> 'retry', p_path || '.retry');
+        IF p_call -> 'retry' ->> 'on_ambiguous' = 'same_key'
+           AND (p_call -> 'provider_idempotency') IS DISTINCT FROM 'true'
+           AND NOT coalesce((p_call -> 'params') ? 'idempotency_key', false) THEN
             RETURN QUERY SELECT p_path || '.retry.on_ambiguous',
                 'same_key resends under the same key, which is harmless only when the '
                 'provider deduplicates: set provider_idempotency to true or give an '
                 'idempotency_key param';
         END IF;
+        IF p_call -> 'retry' ? 'retry_if' AND NOT coalesce(
+               jsonb_typeof(p_call -> 'retry' -> 'retry_if') = 'string'
+               AND p_call -> 'retry' ->> 'retry_if' <> '', false) THEN
+            RETURN QUERY SELECT p_path || '.retry.retry_if',
+                'retry_if must be a non-empty string (an expression over error)';
+        END IF;
     END IF;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.sequence_call_problems(jsonb, text, text []) IS
+'Problems of a handler call (a step, or a step''s compensation): handler (required; a '
+'builtin this engine does not run is not supported yet), params (an object; template '
+'problems with the roots p_roots), timeout (positive integer ms), retry (on_ambiguous '
+'same_key only where the provider deduplicates; retry_if a non-empty string).';
+
+CREATE OR REPLACE FUNCTION orch8.sequence_step_problems(
+    p_step jsonb, p_path text, p_roots text [], p_parent_type text
+)
+RETURNS TABLE (path text, message text)
+LANGUAGE plpgsql
+STABLE
+PARALLEL SAFE
+AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM orch8.sequence_call_problems(p_step, p_path, p_roots);
     IF p_step ? 'provider_idempotency' THEN
         IF jsonb_typeof(p_step -> 'provider_idempotency') <> 'boolean' THEN
             RETURN QUERY SELECT p_path || '.provider_idempotency',
@@ -625,18 +729,243 @@ BEGIN
     IF p_step ? 'verify' THEN
         RETURN QUERY SELECT * FROM orch8.sequence_verify_problems(p_step, p_path || '.verify');
     END IF;
+    IF p_step ? 'when' AND NOT coalesce(
+           jsonb_typeof(p_step -> 'when') = 'string' AND p_step ->> 'when' <> '', false) THEN
+        RETURN QUERY SELECT p_path || '.when', 'when must be a non-empty string (an expression)';
+    END IF;
+    IF p_step ? 'output_schema' AND jsonb_typeof(p_step -> 'output_schema') <> 'object' THEN
+        RETURN QUERY SELECT p_path || '.output_schema',
+            'output_schema must be a JSON Schema (an object)';
+    END IF;
+    IF p_step ? 'compensation' THEN
+        IF p_parent_type IS DISTINCT FROM 'saga' THEN
+            RETURN QUERY SELECT p_path || '.compensation',
+                'compensation runs only for a step directly inside a saga block';
+        ELSIF jsonb_typeof(p_step -> 'compensation') <> 'object' THEN
+            RETURN QUERY SELECT p_path || '.compensation',
+                'compensation must be an object {handler, params, timeout, retry}';
+        ELSE
+            RETURN QUERY SELECT * FROM orch8.sequence_field_problems(
+                'compensation', p_step -> 'compensation', p_path || '.compensation');
+            RETURN QUERY SELECT * FROM orch8.sequence_call_problems(
+                p_step -> 'compensation', p_path || '.compensation', p_roots);
+        END IF;
+    END IF;
     RETURN QUERY SELECT * FROM orch8.sequence_field_problems('step', p_step, p_path);
 END
 $$;
 
-COMMENT ON FUNCTION orch8.sequence_step_problems(jsonb, text) IS
-'Problems of a step block beyond id and type: handler (required; a builtin this engine '
-'does not run is not supported yet), params (an object; template problems), timeout '
-'(positive integer ms), retry (on_ambiguous same_key only where the provider '
-'deduplicates), provider_idempotency (a boolean, for a side-effecting handler), verify '
-'(sequence_verify_problems), and fields the language does not accept in a step.';
+COMMENT ON FUNCTION orch8.sequence_step_problems(jsonb, text, text [], text) IS
+'Problems of a step block beyond id and type: the handler call (sequence_call_problems, '
+'templates over p_roots), provider_idempotency (a boolean, for a side-effecting '
+'handler), verify (sequence_verify_problems), when (a non-empty string), output_schema '
+'(an object), compensation (only directly inside a saga: p_parent_type; a handler call '
+'of its own), and fields the language does not accept in a step.';
 
-CREATE OR REPLACE FUNCTION orch8.sequence_block_problems(p_block jsonb, p_path text)
+CREATE OR REPLACE FUNCTION orch8.sequence_list_problems(
+    p_value jsonb, p_path text, p_required boolean
+)
+RETURNS TABLE (path text, message text)
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+    SELECT p_path, CASE WHEN p_value IS NULL THEN 'is required (a non-empty array of blocks)'
+                        ELSE 'must be a non-empty array of blocks' END
+    WHERE (p_value IS NULL AND p_required)
+       OR (p_value IS NOT NULL
+           AND (jsonb_typeof(p_value) <> 'array' OR jsonb_array_length(p_value) = 0))
+$$;
+
+COMMENT ON FUNCTION orch8.sequence_list_problems(jsonb, text, boolean) IS
+'The problem of a field that holds blocks: missing (when required) or not a non-empty '
+'array. Internal helper of sequence_composite_problems (the message follows the path).';
+
+CREATE OR REPLACE FUNCTION orch8.sequence_composite_problems(
+    p_block jsonb, p_path text, p_roots text [], p_vars text []
+)
+RETURNS TABLE (path text, message text)
+LANGUAGE plpgsql
+STABLE
+PARALLEL SAFE
+AS $$
+DECLARE
+    v_type text := p_block ->> 'type';
+    v_field text;
+    v_branch record;
+    v_names text [];
+    v_min_branches integer := CASE WHEN p_block ->> 'type' = 'race' THEN 2 ELSE 1 END;
+BEGIN
+    RETURN QUERY SELECT * FROM orch8.sequence_field_problems(v_type, p_block, p_path);
+    -- the fields that hold blocks
+    FOR v_field IN SELECT c.field FROM orch8.block_containers() AS c
+                   WHERE c.type = v_type AND c.shape = 'list' LOOP
+        RETURN QUERY SELECT l.path, v_field || ' ' || l.message
+        FROM orch8.sequence_list_problems(p_block -> v_field, p_path || '.' || v_field,
+            v_field IN ('body', 'try_block', 'blocks')) AS l;
+    END LOOP;
+    IF v_type IN ('parallel', 'race') THEN
+        IF jsonb_typeof(p_block -> 'branches') IS DISTINCT FROM 'array'
+           OR jsonb_array_length(p_block -> 'branches') < v_min_branches
+           OR jsonb_array_length(p_block -> 'branches') > orch8.limit_of('branches')
+        THEN
+            RETURN QUERY SELECT p_path || '.branches', format(
+                'branches is required: an array of %s to %s branches, each a non-empty array '
+                'of blocks', v_min_branches, orch8.limit_of('branches'));
+        ELSE
+            FOR v_branch IN SELECT b.value, b.n - 1 AS i
+                            FROM jsonb_array_elements(p_block -> 'branches')
+                                 WITH ORDINALITY AS b (value, n) LOOP
+                RETURN QUERY SELECT l.path, 'a branch ' || l.message
+                FROM orch8.sequence_list_problems(v_branch.value,
+                    format('%s.branches[%s]', p_path, v_branch.i), true) AS l;
+            END LOOP;
+        END IF;
+        IF v_type = 'parallel' AND p_block ? 'on_branch_failure'
+           AND coalesce(p_block ->> 'on_branch_failure' NOT IN ('fail', 'continue'), true) THEN
+            RETURN QUERY SELECT p_path || '.on_branch_failure',
+                'on_branch_failure must be fail or continue';
+        END IF;
+        IF v_type = 'race' AND p_block ? 'semantics'
+           AND coalesce(p_block ->> 'semantics' NOT IN ('first_to_resolve', 'first_to_succeed'),
+                        true) THEN
+            RETURN QUERY SELECT p_path || '.semantics',
+                'semantics must be first_to_resolve or first_to_succeed';
+        END IF;
+    END IF;
+    IF v_type IN ('loop', 'for_each') THEN
+        v_field := CASE v_type WHEN 'loop' THEN 'condition' ELSE 'collection' END;
+        IF NOT coalesce(jsonb_typeof(p_block -> v_field) = 'string'
+                        AND p_block ->> v_field <> '', false) THEN
+            RETURN QUERY SELECT p_path || '.' || v_field,
+                v_field || ' is required (a non-empty string: an expression)';
+        END IF;
+        IF p_block ? 'max_iterations' AND coalesce(
+               orch8.sequence_json_integer(p_block -> 'max_iterations')
+               NOT BETWEEN 1 AND orch8.limit_of('max_iterations'), true) THEN
+            RETURN QUERY SELECT p_path || '.max_iterations', format(
+                'max_iterations must be an integer from 1 to %s', orch8.limit_of('max_iterations'));
+        END IF;
+    END IF;
+    IF v_type = 'loop' AND p_block ? 'break_on' AND NOT coalesce(
+           jsonb_typeof(p_block -> 'break_on') = 'string' AND p_block ->> 'break_on' <> '',
+           false) THEN
+        RETURN QUERY SELECT p_path || '.break_on',
+            'break_on must be a non-empty string (an expression)';
+    END IF;
+    IF v_type = 'for_each' THEN
+        IF p_block ? 'concurrency' AND coalesce(
+               orch8.sequence_json_integer(p_block -> 'concurrency')
+               NOT BETWEEN 1 AND orch8.limit_of('for_each_concurrency'), true) THEN
+            RETURN QUERY SELECT p_path || '.concurrency', format(
+                'concurrency must be an integer from 1 to %s',
+                orch8.limit_of('for_each_concurrency'));
+        END IF;
+        v_names := ARRAY[]::text [];
+        FOREACH v_field IN ARRAY ARRAY['item_var', 'index_var'] LOOP
+            CONTINUE WHEN NOT p_block ? v_field;
+            IF NOT coalesce(jsonb_typeof(p_block -> v_field) = 'string'
+                            AND p_block ->> v_field ~ '^[A-Za-z_][A-Za-z0-9_]*$', false) THEN
+                RETURN QUERY SELECT p_path || '.' || v_field,
+                    v_field || ' must be a name: a letter or _, then letters, digits, _';
+            ELSIF p_block ->> v_field = ANY (orch8.template_roots() || ARRAY['error', 'iteration'])
+            THEN
+                RETURN QUERY SELECT p_path || '.' || v_field, format(
+                    '%s "%s" is taken (%s are names of their own)', v_field,
+                    p_block ->> v_field,
+                    array_to_string(orch8.template_roots() || ARRAY['error', 'iteration'], ', '));
+            END IF;
+        END LOOP;
+        v_names := orch8.for_each_vars(p_block);
+        IF v_names[1] = v_names[2] THEN
+            RETURN QUERY SELECT p_path || '.index_var',
+                format('index_var and item_var are both "%s"', v_names[1]);
+        END IF;
+        FOR v_i IN 1 .. 2 LOOP
+            IF v_names[v_i] = ANY (p_vars) THEN
+                RETURN QUERY SELECT p_path || '.' || (ARRAY['item_var', 'index_var'])[v_i], format(
+                    '"%s" is bound already around this block; give this for_each another name',
+                    v_names[v_i]);
+            END IF;
+        END LOOP;
+    END IF;
+    IF v_type = 'router' THEN
+        IF jsonb_typeof(p_block -> 'routes') IS DISTINCT FROM 'array'
+           OR jsonb_array_length(p_block -> 'routes') NOT BETWEEN 1 AND orch8.limit_of('branches')
+        THEN
+            RETURN QUERY SELECT p_path || '.routes', format(
+                'routes is required: an array of 1 to %s {condition, blocks}',
+                orch8.limit_of('branches'));
+        ELSE
+            FOR v_branch IN SELECT b.value, b.n - 1 AS i
+                            FROM jsonb_array_elements(p_block -> 'routes')
+                                 WITH ORDINALITY AS b (value, n) LOOP
+                IF jsonb_typeof(v_branch.value) <> 'object' THEN
+                    RETURN QUERY SELECT format('%s.routes[%s]', p_path, v_branch.i),
+                        'a route must be an object {condition, blocks}';
+                    CONTINUE;
+                END IF;
+                RETURN QUERY SELECT * FROM orch8.sequence_field_problems(
+                    'route', v_branch.value, format('%s.routes[%s]', p_path, v_branch.i));
+                IF NOT coalesce(jsonb_typeof(v_branch.value -> 'condition') = 'string'
+                                AND v_branch.value ->> 'condition' <> '', false) THEN
+                    RETURN QUERY SELECT format('%s.routes[%s].condition', p_path, v_branch.i),
+                        'condition is required (a non-empty string: an expression)';
+                END IF;
+                RETURN QUERY SELECT l.path, 'blocks ' || l.message
+                FROM orch8.sequence_list_problems(v_branch.value -> 'blocks',
+                    format('%s.routes[%s].blocks', p_path, v_branch.i), true) AS l;
+            END LOOP;
+        END IF;
+    END IF;
+    IF v_type = 'try_catch' AND NOT (p_block ? 'catch_block' OR p_block ? 'finally_block') THEN
+        RETURN QUERY SELECT p_path, 'a try_catch needs catch_block, finally_block or both';
+    END IF;
+    IF v_type = 'sub_sequence' THEN
+        IF NOT coalesce(jsonb_typeof(p_block -> 'sequence_name') = 'string'
+                        AND orch8.fits_domain(p_block ->> 'sequence_name', 'orch8.sequence_name'),
+                        false) THEN
+            RETURN QUERY SELECT p_path || '.sequence_name', format(
+                'sequence_name is required (a sequence name: %s)',
+                obj_description('orch8.sequence_name'::regtype, 'pg_type'));
+        END IF;
+        IF p_block ? 'namespace' AND NOT coalesce(
+               jsonb_typeof(p_block -> 'namespace') = 'string'
+               AND orch8.fits_domain(p_block ->> 'namespace', 'orch8.identifier'), false) THEN
+            RETURN QUERY SELECT p_path || '.namespace', format(
+                'namespace must be %s', obj_description('orch8.identifier'::regtype, 'pg_type'));
+        END IF;
+        IF p_block ? 'version' AND coalesce(
+               orch8.sequence_json_integer(p_block -> 'version') < 1, true) THEN
+            RETURN QUERY SELECT p_path || '.version', 'version must be an integer >= 1';
+        END IF;
+        IF p_block ? 'input' THEN
+            IF jsonb_typeof(p_block -> 'input') <> 'object' THEN
+                RETURN QUERY SELECT p_path || '.input', 'input must be a JSON object';
+            ELSE
+                RETURN QUERY SELECT * FROM orch8.sequence_params_problems(
+                    p_block -> 'input', p_path || '.input', p_roots);
+            END IF;
+        END IF;
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.sequence_composite_problems(jsonb, text, text [], text []) IS
+'Problems of a composite block beyond id and type: its fields (language scope = its '
+'type), the fields that hold blocks (non-empty arrays; body, try_block and a saga''s '
+'blocks required), parallel/race branches (1 to branches, a race 2 or more, each '
+'non-empty), on_branch_failure fail|continue, semantics first_to_resolve|'
+'first_to_succeed, a loop''s condition and break_on and a for_each''s collection '
+'(non-empty strings), max_iterations (1..max_iterations), concurrency '
+'(1..for_each_concurrency), item_var and index_var (names, not taken, not bound around '
+'the block: p_vars), routes (1 to branches {condition, blocks}), a try_catch''s catch or '
+'finally, and a sub_sequence''s sequence_name, namespace, version and input (templates '
+'over p_roots). Expressions are parsed by orch8_py before storing.';
+
+CREATE OR REPLACE FUNCTION orch8.sequence_block_problems(
+    p_block jsonb, p_path text, p_vars text [], p_parent_type text, p_depth integer
+)
 RETURNS TABLE (path text, message text)
 LANGUAGE plpgsql
 STABLE
@@ -648,6 +977,11 @@ DECLARE
 BEGIN
     IF jsonb_typeof(p_block) IS DISTINCT FROM 'object' THEN
         RETURN QUERY SELECT p_path, 'a block must be a JSON object';
+        RETURN;
+    END IF;
+    IF p_depth > orch8.limit_of('nesting_depth') THEN
+        RETURN QUERY SELECT p_path, format('blocks are nested more than %s deep',
+                                           orch8.limit_of('nesting_depth'));
         RETURN;
     END IF;
     IF NOT p_block ? 'id' THEN
@@ -664,7 +998,7 @@ BEGIN
                    to_json(p_block ->> 'id'));
     END IF;
     IF NOT p_block ? 'type' THEN
-        RETURN QUERY SELECT p_path || '.type', 'type is required (step)';
+        RETURN QUERY SELECT p_path || '.type', 'type is required (step or a composite block)';
         RETURN;
     END IF;
     v_type := CASE WHEN jsonb_typeof(p_block -> 'type') = 'string' THEN p_block ->> 'type' END;
@@ -673,50 +1007,58 @@ BEGIN
     WHERE l.scope = 'block_type' AND l.field = v_type;
     IF NOT found THEN
         RETURN QUERY SELECT p_path || '.type',
-            format('unknown block type %s (known: step)', p_block -> 'type');
+            format('unknown block type %s (known: %s)', p_block -> 'type',
+                   (SELECT string_agg(l.field, ', ' ORDER BY l.n)
+                    FROM orch8.sequence_language() WITH ORDINALITY AS l (scope, field, supported, note, n)
+                    WHERE l.scope = 'block_type' AND l.supported));
     ELSIF v_note IS NOT NULL THEN
-        RETURN QUERY SELECT p_path || '.type',
-            format('block type "%s" is %s (today a sequence is a list of steps)',
-                   v_type, v_note);
+        RETURN QUERY SELECT p_path || '.type', format('block type "%s" is %s', v_type, v_note);
+    ELSIF v_type = 'step' THEN
+        RETURN QUERY SELECT * FROM orch8.sequence_step_problems(
+            p_block, p_path, orch8.template_roots() || p_vars, p_parent_type);
     ELSE
-        RETURN QUERY SELECT * FROM orch8.sequence_step_problems(p_block, p_path);
+        RETURN QUERY SELECT * FROM orch8.sequence_composite_problems(
+            p_block, p_path, orch8.template_roots() || p_vars, p_vars);
     END IF;
 END
 $$;
 
-COMMENT ON FUNCTION orch8.sequence_block_problems(jsonb, text) IS
-'Problems of one block: an object with an id (non-empty, at most block_id_chars, matching '
-'block_id_pattern) and a '
-'type; a type the language knows but this engine does not run is not supported yet; a '
-'step is checked by sequence_step_problems.';
+COMMENT ON FUNCTION orch8.sequence_block_problems(jsonb, text, text [], text, integer) IS
+'Problems of one block at p_path (the blocks inside it are checked on their own): an '
+'object at most nesting_depth deep with an id (non-empty, at most block_id_chars, '
+'matching block_id_pattern) and a type; a type the language knows but this engine does '
+'not run is not supported yet; a step is checked by sequence_step_problems, a composite '
+'by sequence_composite_problems, with the variables bound around it (p_vars: templates '
+'may use them as roots) and its parent''s type.';
 
-CREATE OR REPLACE FUNCTION orch8.sequence_block_id_problems(p_blocks jsonb)
+CREATE OR REPLACE FUNCTION orch8.sequence_block_id_problems(p_definition jsonb)
 RETURNS TABLE (path text, message text)
 LANGUAGE sql
 IMMUTABLE
 PARALLEL SAFE
 AS $$
     SELECT
-        format('$.blocks[%s].id', d.n - 1),
-        format('duplicate block id "%s" (first used at $.blocks[%s])', d.block_id, d.first_n - 1)
+        d.json_path || '.id',
+        format('duplicate block id "%s" (first used at %s)', d.block_id, d.first_at)
     FROM (
         SELECT
-            b.value ->> 'id' AS block_id,
-            b.n,
-            first_value(b.n) OVER same_id AS first_n,
+            b.block_id,
+            b.json_path,
+            b.sort_key,
+            first_value(b.json_path) OVER same_id AS first_at,
             row_number() OVER same_id AS nth
-        FROM jsonb_array_elements(
-            CASE WHEN jsonb_typeof(p_blocks) = 'array' THEN p_blocks END
-        ) WITH ORDINALITY AS b (value, n)
-        WHERE jsonb_typeof(b.value -> 'id') = 'string' AND b.value ->> 'id' <> ''
-        WINDOW same_id AS (PARTITION BY b.value ->> 'id' ORDER BY b.n)
+        FROM orch8.definition_blocks(p_definition) AS b
+        WHERE b.block_id IS NOT NULL AND b.block_id <> ''
+        WINDOW same_id AS (PARTITION BY b.block_id ORDER BY b.sort_key)
     ) AS d
     WHERE d.nth > 1
-    ORDER BY d.n
+    ORDER BY d.sort_key
 $$;
 
 COMMENT ON FUNCTION orch8.sequence_block_id_problems(jsonb) IS
-'One problem per block whose id an earlier block already uses, naming the first.';
+'One problem per block whose id a block listed before it (definition_blocks) already '
+'uses, at any depth: ids are unique in the whole definition, on_failure and on_cancel '
+'included.';
 
 CREATE OR REPLACE FUNCTION orch8.sequence_invariant_problems(p_invariants jsonb)
 RETURNS TABLE (path text, message text)
@@ -818,15 +1160,16 @@ BEGIN
         RETURN;
     END IF;
     RETURN QUERY SELECT * FROM orch8.sequence_top_problems(p_definition);
-    IF jsonb_typeof(p_definition -> 'blocks') = 'array'
-       AND jsonb_array_length(p_definition -> 'blocks') <= orch8.limit_of('sequence_blocks') THEN
+    IF NOT EXISTS (SELECT 1 FROM orch8.sequence_top_problems(p_definition) AS t
+                   WHERE t.message LIKE 'more than %') THEN
         RETURN QUERY
             SELECT p.path, p.message
-            FROM jsonb_array_elements(p_definition -> 'blocks') WITH ORDINALITY AS b (block, n)
+            FROM orch8.definition_blocks(p_definition) AS b
             CROSS JOIN LATERAL orch8.sequence_block_problems(
-                b.block, format('$.blocks[%s]', b.n - 1)) AS p
-            ORDER BY b.n;
-        RETURN QUERY SELECT * FROM orch8.sequence_block_id_problems(p_definition -> 'blocks');
+                b.definition, b.json_path, b.scope_vars, b.parent_type, b.depth
+            ) WITH ORDINALITY AS p (path, message, k)
+            ORDER BY b.sort_key, p.k;
+        RETURN QUERY SELECT * FROM orch8.sequence_block_id_problems(p_definition);
     END IF;
     IF p_definition ? 'invariants' THEN
         RETURN QUERY SELECT * FROM orch8.sequence_invariant_problems(

@@ -1,30 +1,6 @@
 -- Repeatable: the runner's two calls around a step. A guarded step costs exactly these
 -- two round trips (begin_step before the handler, finish_step after it) besides the
--- amortised claim. Both are fenced by the instance's lease token.
-
-CREATE OR REPLACE FUNCTION orch8.apply_requested_state(
-    p_tenant_id text, p_instance_id uuid, p_current orch8.instance_state
-)
-RETURNS orch8.instance_state
-LANGUAGE plpgsql
-AS $$
-DECLARE
-    v_requested orch8.instance_state;
-BEGIN
-    SELECT t.requested_state INTO v_requested FROM orch8.task_instances AS t
-    WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id;
-    IF v_requested IS NULL THEN
-        RETURN p_current;
-    END IF;
-    PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, p_current, v_requested,
-                                      'operator', 'requested while running');
-    RETURN v_requested;
-END
-$$;
-
-COMMENT ON FUNCTION orch8.apply_requested_state(text, uuid, orch8.instance_state) IS
-'At a step boundary: move a running instance to the paused or cancelled state an operator '
-'requested meanwhile; returns the resulting state (p_current when nothing was requested).';
+-- amortised claim. Both are fenced by the lease token of the step's node.
 
 CREATE OR REPLACE FUNCTION orch8.fail_step(
     p_tenant_id text,
@@ -42,38 +18,17 @@ AS $$
 BEGIN
     PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_block_id, p_attempt,
                                       '__error__', p_output, false, p_effect_id, p_lease_token);
-    UPDATE orch8.task_instances AS t SET current_block = p_block_id
-    WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id;
-    PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running', 'failed',
-                                      'runner', p_reason);
+    PERFORM orch8.end_node(
+        (SELECT t FROM orch8.task_instances AS t
+         WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id),
+        p_block_id, 'failed', NULL, p_reason, NULL);
 END
 $$;
 
 COMMENT ON FUNCTION orch8.fail_step(text, uuid, uuid, text, integer, uuid, jsonb, text) IS
 'A step failed for good (internal helper of begin_step and finish_step): append its '
-'__error__ row (retryable false), keep the instance on that block, and fail the instance '
-'with p_reason.';
-
--- What a step's definition says about its effect: read by begin_effect, finish_step and
--- the verifier, so no runner decides it.
-
-CREATE OR REPLACE FUNCTION orch8.instance_step(
-    p_tenant_id text, p_instance_id uuid, p_block_id text
-)
-RETURNS jsonb
-LANGUAGE sql
-STABLE
-AS $$
-    SELECT b.value
-    FROM orch8.task_instances AS t
-    JOIN orch8.sequences AS s ON s.tenant_id = t.tenant_id AND s.id = t.sequence_id
-    CROSS JOIN LATERAL jsonb_array_elements(s.definition -> 'blocks') AS b (value)
-    WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id AND b.value ->> 'id' = p_block_id
-    LIMIT 1
-$$;
-
-COMMENT ON FUNCTION orch8.instance_step(text, uuid, text) IS
-'The definition of block p_block_id in the sequence an instance runs, or NULL.';
+'__error__ row (retryable false) and fail its node with p_reason, which unwinds to the '
+'nearest block that handles it (end_node).';
 
 CREATE OR REPLACE FUNCTION orch8.step_idempotency_key_param(p_params jsonb)
 RETURNS text
@@ -134,33 +89,46 @@ CREATE OR REPLACE FUNCTION orch8.await_settlement(
     p_effect_id uuid,
     p_error text
 )
-RETURNS orch8.instance_state
+RETURNS orch8.node_state
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_state orch8.instance_state;
+    v_node orch8.execution_nodes := orch8.lock_node(p_tenant_id, p_instance_id, p_block_id);
+    v_parent_state orch8.node_state;
+    v_state orch8.node_state;
 BEGIN
     PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_block_id, p_attempt,
         '__unsettled__', jsonb_build_object('error', p_error, 'effect_id', p_effect_id),
         NULL, p_effect_id, p_lease_token);
-    UPDATE orch8.task_instances AS t SET current_block = p_block_id
-    WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id;
     -- scheduled only when the step declares a verifier and the receipt is unknown
     PERFORM orch8.schedule_verification(p_tenant_id, p_effect_id, 'engine');
-    v_state := orch8.apply_requested_state(p_tenant_id, p_instance_id, 'running');
-    IF v_state <> 'running' THEN
-        RETURN v_state;  -- paused or cancelled meanwhile; a verifier still settles the receipt
+    SELECT n.state INTO v_parent_state FROM orch8.execution_nodes AS n
+    WHERE n.tenant_id = p_tenant_id AND n.instance_id = p_instance_id
+      AND n.path = v_node.parent_path;
+    IF v_node.cancel_requested
+       OR v_parent_state IN ('completed', 'failed', 'skipped', 'cancelled') THEN
+        -- its branch was given up (a race lost, a sibling failed): the receipt stays in the
+        -- unresolved queue, and nothing waits on it
+        v_state := 'cancelled';
+    ELSIF EXISTS (SELECT 1 FROM orch8.effect_verifications AS v
+                  WHERE v.tenant_id = p_tenant_id AND v.effect_id = p_effect_id
+                    AND v.state = 'pending') THEN
+        v_state := 'waiting';
+    ELSE
+        v_state := 'blocked';
     END IF;
-    v_state := CASE WHEN EXISTS (
-                        SELECT 1 FROM orch8.effect_verifications AS v
-                        WHERE v.tenant_id = p_tenant_id AND v.effect_id = p_effect_id
-                          AND v.state = 'pending')
-                    THEN 'waiting'::orch8.instance_state
-                    ELSE 'failed'::orch8.instance_state END;
-    PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running', v_state,
-        'runner', CASE WHEN v_state = 'waiting'
-                       THEN format('%s; its verifier settles receipt %s', p_error, p_effect_id)
-                       ELSE p_error END);
+    UPDATE orch8.execution_nodes AS n
+    SET state = v_state, error = left(p_error, orch8.limit_of('error_chars')::integer),
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        ended_at = CASE WHEN v_state = 'cancelled' THEN orch8.now() END,
+        cancel_reason = CASE WHEN v_state = 'cancelled'
+                             THEN coalesce(n.cancel_reason, 'its branch ended meanwhile')
+                             ELSE n.cancel_reason END,
+        updated_at = orch8.now()
+    WHERE n.tenant_id = p_tenant_id AND n.instance_id = p_instance_id AND n.path = p_block_id;
+    UPDATE orch8.task_instances AS t SET current_block = p_block_id
+    WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id
+      AND t.current_block IS DISTINCT FROM p_block_id;
     RETURN v_state;
 END
 $$;
@@ -168,9 +136,10 @@ $$;
 COMMENT ON FUNCTION orch8.await_settlement(text, uuid, uuid, text, integer, uuid, text) IS
 'A step whose outcome is ambiguous and is not resent (internal helper of begin_step and '
 'finish_step): append __unsettled__ (compute_attempt keeps the attempt, so running the '
-'block again lands on the same receipt and cannot send), keep the instance on the block, '
-'schedule the step''s verifier, and move the instance to waiting (a verifier is pending) '
-'or failed (for an operator), or to the pause or cancel requested meanwhile.';
+'node again lands on the same receipt and cannot send), schedule the step''s verifier, '
+'and park the node: waiting (a verifier is pending) or blocked (for an operator), which '
+'stops its branch only; in a branch given up meanwhile it ends cancelled, its receipt '
+'left in the unresolved queue. Returns the node''s state.';
 
 CREATE OR REPLACE FUNCTION orch8.begin_step(
     p_tenant_id text,
@@ -188,6 +157,7 @@ DECLARE
     v_out orch8.effect_outcome;
     v_last orch8.block_outputs;
     v_inst orch8.task_instances;
+    v_node orch8.execution_nodes;
 BEGIN
     v_inst := orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
     -- The same claim asking again (its first answer was lost with the connection): the
@@ -202,11 +172,14 @@ BEGIN
             'dispatched', orch8.load_effect_receipt(p_tenant_id, v_last.effect_id),
             'repeated begin under the same lease');
     END IF;
-    IF v_inst.requested_state IS NOT NULL THEN  -- paused or cancelled by an operator
-        PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running',
-            v_inst.requested_state, 'operator', 'requested while running');
+    v_node := orch8.leased_node(p_tenant_id, p_instance_id, p_lease_token);
+    PERFORM orch8.require_node(v_node, p_block_id, ARRAY['step', 'compensation'], 'begin_step');
+    IF orch8.stop_node(v_inst, v_node) IS NOT NULL THEN
+        -- its branch was cancelled, or an operator asked for a pause or a cancel
         RETURN ROW('stopped', NULL, NULL, NULL, p_block_id, p_attempt, NULL, NULL,
-                   v_inst.requested_state::text, NULL)::orch8.effect_outcome;
+                   orch8.sync_instance(p_tenant_id, p_instance_id, 'runner',
+                                       'requested while running')::text,
+                   NULL)::orch8.effect_outcome;
     END IF;
     IF orch8.step_idempotency_key_problem(p_params) IS NOT NULL THEN
         -- refused before any receipt (begin_effect would raise, and lose this record)
@@ -214,7 +187,8 @@ BEGIN
             p_attempt, NULL, jsonb_build_object('error', 'idempotency_key too long'),
             'InvalidInput: ' || orch8.step_idempotency_key_problem(p_params));
         RETURN ROW('stopped', NULL, NULL, NULL, p_block_id, p_attempt, NULL, NULL,
-                   'failed', NULL)::orch8.effect_outcome;
+                   orch8.sync_instance(p_tenant_id, p_instance_id, 'runner')::text,
+                   NULL)::orch8.effect_outcome;
     END IF;
     v_out := orch8.begin_effect(p_tenant_id, p_instance_id, p_block_id, p_handler, p_params,
                                 p_attempt);
@@ -230,6 +204,9 @@ BEGIN
         -- an earlier run of this attempt may have sent it: settle that receipt first
         PERFORM orch8.await_settlement(p_tenant_id, p_instance_id, p_lease_token, p_block_id,
             p_attempt, v_out.effect_id, 'EffectBlocked: ' || v_out.detail);
+        PERFORM orch8.sync_instance(p_tenant_id, p_instance_id, 'runner',
+            format('EffectBlocked: %s; its verifier settles receipt %s', v_out.detail,
+                   v_out.effect_id));
         RETURN v_out;
     END IF;
     -- blocked, stale or duplicate: never retried. The trace begin_effect wrote stays.
@@ -242,6 +219,7 @@ BEGIN
                CASE v_out.outcome WHEN 'duplicate' THEN 'InvariantViolation'
                                   ELSE 'EffectBlocked' END,
                v_out.detail));
+    PERFORM orch8.sync_instance(p_tenant_id, p_instance_id, 'runner');
     RETURN v_out;
 END
 $$;
@@ -255,8 +233,9 @@ COMMENT ON FUNCTION orch8.begin_step(text, uuid, uuid, text, text, jsonb, intege
 'returned (never raised) so those writes persist. An idempotency_key param over '
 'idempotency_key_bytes fails the step before any receipt (outcome stopped, detail '
 'failed). A pure '
-'handler returns a NULL outcome and writes nothing. An operator''s pending pause or '
-'cancel is applied first (outcome stopped, detail the new state). Repeating the call '
+'handler returns a NULL outcome and writes nothing. A node whose branch was cancelled, '
+'or whose instance an operator asked to pause or cancel, does not begin (outcome '
+'stopped, detail the instance''s state). Repeating the call '
 'under the same lease after a lost answer returns the same dispatched outcome.';
 
 CREATE OR REPLACE FUNCTION orch8.require_step_result(p_result text)
@@ -265,8 +244,10 @@ LANGUAGE plpgsql
 IMMUTABLE
 AS $$
 BEGIN
-    IF p_result IS NULL OR p_result NOT IN ('ok', 'error', 'not_applied') THEN
-        RAISE EXCEPTION 'a step result must be ok, error or not_applied, got %',
+    IF p_result IS NULL
+       OR p_result NOT IN ('ok', 'error', 'not_applied', 'skipped', 'invalid_output') THEN
+        RAISE EXCEPTION 'a step result must be ok, error, not_applied, skipped or '
+                        'invalid_output, got %',
             coalesce(p_result, 'NULL')
             USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'result')::text;
     END IF;
@@ -274,8 +255,9 @@ END
 $$;
 
 COMMENT ON FUNCTION orch8.require_step_result(text) IS
-'The results a handler call can come to (ok, error, not_applied); anything else is O8008. '
-'Read by finish_step and keep_lost_receipt.';
+'The results a step can come to (ok, error, not_applied; skipped when its when is false; '
+'invalid_output when its output breaks output_schema); anything else is O8008. Read by '
+'finish_step and keep_lost_receipt.';
 
 CREATE OR REPLACE FUNCTION orch8.recover_lost_receipt(
     p_tenant_id text,
@@ -426,24 +408,42 @@ CREATE OR REPLACE FUNCTION orch8.finish_step(
     p_result text,
     p_output jsonb,
     p_error text DEFAULT NULL,
-    p_retry_in interval DEFAULT NULL
+    p_retry_in interval DEFAULT NULL,
+    p_error_code text DEFAULT NULL
 )
-RETURNS TABLE (state orch8.instance_state, next_block text, next_attempt integer)
+RETURNS TABLE (
+    state orch8.instance_state,
+    next_block text,
+    next_attempt integer,
+    next_block_id text,
+    next_kind text,
+    next_position integer,
+    next_phase text,
+    next_child_instance_id uuid,
+    next_vars jsonb,
+    progress jsonb
+)
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_inst orch8.task_instances;
+    v_node orch8.execution_nodes;
     v_settled orch8.effect_outcome;
-    v_next text;
-    v_state orch8.instance_state;
     v_retry_in interval;
+    v_reason text;
+    v_next orch8.execution_nodes;
 BEGIN
     PERFORM orch8.require_step_result(p_result);
     IF p_retry_in < interval '0' THEN
         RAISE EXCEPTION 'finish_step retry_in must not be negative, got %', p_retry_in
             USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'retry_in')::text;
     END IF;
-    -- Already finished by this very claim (the answer was lost with the connection)?
+    IF p_result = 'skipped' AND p_effect_id IS NOT NULL THEN
+        RAISE EXCEPTION 'a skipped step began no effect (effect %)', p_effect_id
+            USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'effect_id')::text;
+    END IF;
+    -- Already finished by this very claim (the answer was lost with the connection)? Then
+    -- answer again: the node the token holds now, if any.
     IF EXISTS (
         SELECT 1 FROM orch8.block_outputs AS o
          WHERE o.tenant_id = p_tenant_id AND o.instance_id = p_instance_id
@@ -451,15 +451,19 @@ BEGIN
            AND o.lease_token = p_lease_token
            AND o.sentinel IS DISTINCT FROM '__in_progress__'
     ) THEN
-        SELECT t.state, t.current_block INTO v_state, v_next FROM orch8.task_instances AS t
-         WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id;
-        RETURN QUERY SELECT v_state,
-            CASE WHEN v_state = 'running' THEN v_next END,
-            CASE WHEN v_state = 'running'
-                 THEN orch8.compute_attempt(p_tenant_id, p_instance_id, v_next) END;
+        PERFORM 1 FROM orch8.task_instances AS t
+        WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id FOR UPDATE;
+        RETURN QUERY SELECT * FROM orch8.node_answer(p_tenant_id, p_instance_id,
+            orch8.leased_node(p_tenant_id, p_instance_id, p_lease_token),
+            (SELECT n.parent_path FROM orch8.execution_nodes AS n
+             WHERE n.tenant_id = p_tenant_id AND n.instance_id = p_instance_id
+               AND n.path = p_block_id), 'runner');
         RETURN;
     END IF;
     v_inst := orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
+    v_node := orch8.leased_node(p_tenant_id, p_instance_id, p_lease_token);
+    PERFORM orch8.require_node(v_node, p_block_id, ARRAY['step', 'compensation'],
+                               'finish_step');
 
     IF p_effect_id IS NOT NULL AND NOT EXISTS (
         SELECT 1 FROM orch8.effect_receipts AS r
@@ -468,106 +472,118 @@ BEGIN
         -- unknown with what the handler answered, and wait for it to be settled.
         PERFORM orch8.recover_lost_receipt(p_tenant_id, p_instance_id, p_block_id, p_attempt,
                                            p_effect_id, p_result, p_output, p_error);
-        v_state := orch8.await_settlement(p_tenant_id, p_instance_id, p_lease_token,
-            p_block_id, p_attempt, p_effect_id,
-            format('EffectBlocked: receipt %s was lost with the primary; recovered as unknown',
-                   p_effect_id));
-        RETURN QUERY SELECT v_state, NULL::text, NULL::integer;
-        RETURN;
-    END IF;
-    IF p_effect_id IS NOT NULL THEN
-        PERFORM orch8.require_own_receipt(p_tenant_id, p_effect_id, p_instance_id, p_block_id,
-                                          p_attempt);
-        v_settled := CASE p_result
-            WHEN 'ok' THEN orch8.commit_effect(p_tenant_id, p_effect_id, p_output)
-            WHEN 'error' THEN orch8.mark_effect_unknown(p_tenant_id, p_effect_id, p_error)
-            ELSE orch8.abandon_effect_not_applied(
-                p_tenant_id, p_effect_id,
-                coalesce(nullif(p_output, '{}'::jsonb),
-                         jsonb_build_object('error', coalesce(p_error, 'not applied'))))
-        END;
+        v_reason := format('EffectBlocked: receipt %s was lost with the primary; recovered '
+                           'as unknown', p_effect_id);
+        PERFORM orch8.await_settlement(p_tenant_id, p_instance_id, p_lease_token,
+            p_block_id, p_attempt, p_effect_id, v_reason);
+    ELSE
+        IF p_effect_id IS NOT NULL THEN
+            PERFORM orch8.require_own_receipt(p_tenant_id, p_effect_id, p_instance_id,
+                                              p_block_id, p_attempt);
+            v_settled := CASE
+                WHEN p_result IN ('ok', 'invalid_output')
+                THEN orch8.commit_effect(p_tenant_id, p_effect_id, p_output)
+                WHEN p_result = 'error'
+                THEN orch8.mark_effect_unknown(p_tenant_id, p_effect_id, p_error)
+                ELSE orch8.abandon_effect_not_applied(
+                    p_tenant_id, p_effect_id,
+                    coalesce(nullif(p_output, '{}'::jsonb),
+                             jsonb_build_object('error', coalesce(p_error, 'not applied'))))
+            END;
+        END IF;
         IF v_settled.outcome = 'stale' THEN
             -- someone moved our receipt (an operator, a runner that took over): stop.
+            v_reason := format('EffectBlocked: %s', v_settled.detail);
             PERFORM orch8.fail_step(
                 p_tenant_id, p_instance_id, p_lease_token, p_block_id, p_attempt, p_effect_id,
                 jsonb_build_object('outcome', 'stale', 'effect_state', v_settled.state,
-                                   'detail', v_settled.detail),
-                format('EffectBlocked: %s', v_settled.detail));
-            RETURN QUERY SELECT 'failed'::orch8.instance_state, NULL::text, NULL::integer;
-            RETURN;
+                                   'detail', v_settled.detail), v_reason);
+        ELSIF p_result = 'ok' THEN
+            PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_block_id,
+                p_attempt, NULL, coalesce(p_output, 'null'), NULL, p_effect_id, p_lease_token);
+            IF p_effect_id IS NOT NULL AND p_attempt > 0 THEN  -- attempt 0 has no earlier one
+                PERFORM orch8.settle_same_key_receipts(p_tenant_id, p_effect_id, 'engine');
+            END IF;
+            PERFORM orch8.end_node(v_inst, p_block_id, 'completed', NULL, NULL, NULL);
+        ELSIF p_result = 'skipped' THEN
+            PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_block_id,
+                p_attempt, '__skipped__', p_output, NULL, NULL, p_lease_token);
+            PERFORM orch8.end_node(v_inst, p_block_id, 'skipped', NULL, NULL, NULL);
+        ELSIF p_result = 'invalid_output' THEN
+            -- it happened (the receipt is committed), but the output breaks the step's
+            -- output_schema: a failure no retry repairs
+            v_reason := coalesce(p_error, 'the output does not match output_schema');
+            PERFORM orch8.fail_step(p_tenant_id, p_instance_id, p_lease_token, p_block_id,
+                p_attempt, p_effect_id,
+                jsonb_build_object('error', v_reason,
+                                   'code', coalesce(p_error_code, 'output_schema'),
+                                   'output', p_output),
+                v_reason);
+        ELSE
+            v_retry_in := p_retry_in;
+            v_reason := p_error;
+            IF p_result = 'error' AND p_effect_id IS NOT NULL
+               -- Ambiguous: it may have been sent. Resend only as the step says; by
+               -- default the receipt is settled first, whatever the runner proposed.
+               AND orch8.step_ambiguity_mode(
+                       orch8.instance_step(p_tenant_id, p_instance_id, p_block_id)) = 'settle'
+            THEN
+                v_retry_in := NULL;
+            END IF;
+            IF p_result = 'error' AND p_effect_id IS NOT NULL AND v_retry_in IS NULL THEN
+                IF orch8.await_settlement(p_tenant_id, p_instance_id, p_lease_token,
+                       p_block_id, p_attempt, p_effect_id, p_error) = 'waiting' THEN
+                    v_reason := format('%s; its verifier settles receipt %s', p_error,
+                                       p_effect_id);
+                END IF;
+            ELSIF v_retry_in IS NULL THEN
+                PERFORM orch8.fail_step(p_tenant_id, p_instance_id, p_lease_token, p_block_id,
+                    p_attempt, p_effect_id,
+                    jsonb_strip_nulls(jsonb_build_object('error', p_error, 'code', p_error_code)),
+                    p_error);
+            ELSE
+                PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_block_id,
+                    p_attempt, '__retry__',
+                    jsonb_strip_nulls(jsonb_build_object('error', p_error, 'code', p_error_code)),
+                    true, p_effect_id, p_lease_token);
+                IF v_node.cancel_requested THEN
+                    PERFORM orch8.end_node(v_inst, p_block_id, 'cancelled', NULL, NULL, NULL);
+                ELSE
+                    UPDATE orch8.execution_nodes AS n
+                    SET state = 'ready', next_fire_at = orch8.now() + v_retry_in,
+                        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+                        updated_at = orch8.now()
+                    WHERE n.tenant_id = p_tenant_id AND n.instance_id = p_instance_id
+                      AND n.path = p_block_id;
+                END IF;
+            END IF;
         END IF;
     END IF;
-
-    IF p_result = 'ok' THEN
-        PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_block_id, p_attempt,
-            NULL, coalesce(p_output, 'null'), NULL, p_effect_id, p_lease_token);
-        IF p_effect_id IS NOT NULL AND p_attempt > 0 THEN  -- attempt 0 has no earlier one
-            PERFORM orch8.settle_same_key_receipts(p_tenant_id, p_effect_id, 'engine');
-        END IF;
-        v_next := orch8.next_block_id(p_tenant_id, v_inst.sequence_id, p_block_id);
-        IF v_next IS NULL THEN
-            PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running',
-                                              'completed', 'runner');
-            RETURN QUERY SELECT 'completed'::orch8.instance_state, NULL::text, NULL::integer;
-            RETURN;
-        END IF;
-        UPDATE orch8.task_instances AS t
-        SET current_block = v_next, updated_at = orch8.now()
-        WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id;
-        v_state := orch8.apply_requested_state(p_tenant_id, p_instance_id, 'running');
-        RETURN QUERY SELECT v_state,
-            CASE WHEN v_state = 'running' THEN v_next END,
-            CASE WHEN v_state = 'running'
-                 THEN orch8.compute_attempt(p_tenant_id, p_instance_id, v_next) END;
-        RETURN;
-    END IF;
-
-    v_retry_in := p_retry_in;
-    IF p_result = 'error' AND p_effect_id IS NOT NULL THEN
-        -- Ambiguous: it may have been sent. Resend only as the step says; by default the
-        -- receipt is settled first, whatever the runner proposed.
-        IF orch8.step_ambiguity_mode(
-               orch8.instance_step(p_tenant_id, p_instance_id, p_block_id)) = 'settle' THEN
-            v_retry_in := NULL;
-        END IF;
-        IF v_retry_in IS NULL THEN
-            v_state := orch8.await_settlement(p_tenant_id, p_instance_id, p_lease_token,
-                p_block_id, p_attempt, p_effect_id, p_error);
-            RETURN QUERY SELECT v_state, NULL::text, NULL::integer;
-            RETURN;
-        END IF;
-    END IF;
-    IF v_retry_in IS NULL THEN
-        PERFORM orch8.fail_step(p_tenant_id, p_instance_id, p_lease_token, p_block_id,
-            p_attempt, p_effect_id, jsonb_build_object('error', p_error), p_error);
-        RETURN QUERY SELECT 'failed'::orch8.instance_state, NULL::text, NULL::integer;
-        RETURN;
-    END IF;
-    PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_block_id, p_attempt,
-        '__retry__', jsonb_build_object('error', p_error), true, p_effect_id, p_lease_token);
-    v_state := orch8.apply_requested_state(p_tenant_id, p_instance_id, 'running');
-    IF v_state = 'running' THEN
-        PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'running', 'scheduled',
-                                          'runner', p_error, orch8.now() + v_retry_in);
-        v_state := 'scheduled';
-    END IF;
-    RETURN QUERY SELECT v_state, NULL::text, NULL::integer;
+    v_inst := orch8.load_instance(p_tenant_id, p_instance_id);
+    -- a step to be retried goes back to the claim, as it always did
+    v_next := orch8.hand_over(v_inst, p_lease_token, v_node.lease_owner, v_node.lease_expires_at,
+                              v_node.parent_path, p_block_id);
+    RETURN QUERY SELECT * FROM orch8.node_answer(p_tenant_id, p_instance_id, v_next,
+                                                 v_node.parent_path, 'runner', v_reason);
 END
 $$;
 
 COMMENT ON FUNCTION orch8.finish_step(
-    text, uuid, uuid, text, integer, uuid, text, jsonb, text, interval
+    text, uuid, uuid, text, integer, uuid, text, jsonb, text, interval, text
 ) IS
-'After a handler returns, in one transaction, fenced by the lease (O8001): settle the '
-'receipt (ok: commit_effect; error: mark_effect_unknown; not_applied: '
-'abandon_effect_not_applied) and record the step: ok -> output row (and the step''s '
-'unknown receipts under the same key settled: settle_same_key_receipts), then the next '
-'block of the sequence (next_block_id; the instance stays running, or takes a pause or '
-'cancel requested meanwhile) or completed; error with p_retry_in -> __retry__ and '
-'scheduled p_retry_in from now; error without -> __error__ and failed. An ambiguous '
+'After a handler returns, in one transaction, fenced by the lease of the step''s node '
+'(O8001): settle the receipt (ok: commit_effect; error: mark_effect_unknown; '
+'not_applied: abandon_effect_not_applied; invalid_output: commit_effect, then the step '
+'fails for its output_schema) and record the step: ok -> output row (and the step''s '
+'unknown receipts under the same key settled: settle_same_key_receipts) and the node '
+'completes, which moves the tree on (end_node); skipped (its when was false; no effect) '
+'-> __skipped__ with p_output and the node is skipped; error with p_retry_in -> '
+'__retry__ and the node ready again p_retry_in from now; error without -> __error__ '
+'(with p_error_code) and the node fails, unwinding to the nearest handler. An ambiguous '
 'outcome (error with an effect) is retried only when step_ambiguity_mode is not settle '
-'(p_retry_in is ignored otherwise); not retried, it goes to await_settlement. A receipt '
-'moved by someone '
-'else fails the instance (EffectBlocked). Returns the instance state and, while it is '
-'running, the block to run next with its attempt (compute_attempt). Repeating the call '
-'under the same lease after a lost answer changes nothing and returns the same.';
+'(p_retry_in is ignored otherwise); not retried, it goes to await_settlement (the node '
+'waits or blocks). A receipt moved by someone else fails the step (EffectBlocked); a '
+'receipt lost with a failed primary is recorded again as unknown. Then the next due '
+'ready node of the instance, if any, is leased to the caller under the same token, and '
+'the answer is node_answer''s: the instance state and that node. Repeating the call '
+'under the same lease after a lost answer changes nothing and answers the same.';

@@ -163,7 +163,8 @@ RETURNS TABLE (
     receipt jsonb,
     step jsonb,
     context jsonb,
-    progress jsonb
+    progress jsonb,
+    vars jsonb
 )
 LANGUAGE plpgsql
 AS $$
@@ -219,7 +220,8 @@ BEGIN
     )
     SELECT c.tenant_id, c.effect_id, c.lease_token, c.method, c.tries,
            cardinality(c.schedule), orch8.verification_try_seconds(c.step), to_jsonb(r),
-           c.step, t.context, orch8.instance_progress(t.tenant_id, t.id)
+           c.step, t.context, orch8.instance_progress(t.tenant_id, t.id),
+           orch8.node_vars(t.tenant_id, t.id, r.block_id)
     FROM claimed AS c
     JOIN orch8.effect_receipts AS r ON r.tenant_id = c.tenant_id AND r.id = c.effect_id
     JOIN orch8.task_instances AS t ON t.tenant_id = r.tenant_id AND t.id = r.instance_id;
@@ -233,8 +235,8 @@ COMMENT ON FUNCTION orch8.claim_verifications(text, integer, interval, text[], t
 'verifier, p_verifiers), each with a fresh lease token lasting p_lease plus the try''s '
 'timeout (verification_try_seconds, returned as timeout_seconds), the try counted (a '
 'crash uses it up), and what rendering needs: the receipt, the step definition, the '
-'instance context and progress. Rows whose last try''s holder vanished are escalated '
-'first.';
+'instance context and progress, and the variables in scope at the step''s node (vars). '
+'Rows whose last try''s holder vanished are escalated first.';
 
 CREATE OR REPLACE FUNCTION orch8.verification_request_matches(
     p_tenant_id text, p_effect_id uuid, p_params jsonb
@@ -274,13 +276,17 @@ BEGIN
     WHERE t.tenant_id = p_tenant_id AND t.id = v_receipt.instance_id
     FOR UPDATE;
     v_last := orch8.latest_block_row(p_tenant_id, v_inst.id, v_receipt.block_id);
-    IF v_inst.state = 'waiting' AND v_last.sentinel = '__unsettled__'
-       AND v_last.effect_id = p_effect_id THEN
-        PERFORM orch8.transition_instance(p_tenant_id, v_inst.id, 'waiting', 'failed',
-            coalesce(p_actor, 'verifier'),
+    IF v_last.sentinel = '__unsettled__' AND v_last.effect_id = p_effect_id THEN
+        -- the node waiting on it blocks its branch, for a person
+        UPDATE orch8.execution_nodes AS n
+        SET state = 'blocked', updated_at = orch8.now(),
+            error = format('receipt %s is still unknown after its verifier''s last try: '
+                           'settle it by hand (orch8 effects resolve), then retry', p_effect_id)
+        WHERE n.tenant_id = p_tenant_id AND n.instance_id = v_inst.id
+          AND n.path = v_receipt.block_id AND n.state = 'waiting';
+        RETURN orch8.sync_instance(p_tenant_id, v_inst.id, coalesce(p_actor, 'verifier'),
             format('receipt %s is still unknown after its verifier''s last try: settle it '
                    'by hand (orch8 effects resolve), then retry', p_effect_id));
-        RETURN 'failed'::orch8.instance_state;
     END IF;
     RETURN v_inst.state;
 END
@@ -288,8 +294,8 @@ $$;
 
 COMMENT ON FUNCTION orch8.escalate_verification(text, uuid, text, jsonb) IS
 'Give a receipt up to people (internal helper): its verification becomes escalated, an '
-'event says so, and an instance waiting on it fails naming the receipt (the receipt stays '
-'unknown). Returns the instance''s state.';
+'event says so, and the node waiting on it blocks, naming the receipt (the receipt stays '
+'unknown; the instance fails when nothing else can run). Returns the instance''s state.';
 
 CREATE OR REPLACE FUNCTION orch8.latest_block_row(
     p_tenant_id text, p_instance_id uuid, p_block_id text
@@ -330,6 +336,7 @@ DECLARE
     v_evidence jsonb := coalesce(p_evidence, '{}');
     v_next record;
     v_reason text;
+    v_node_state orch8.node_state;
 BEGIN
     IF p_verdict IS NULL OR p_verdict NOT IN ('applied', 'not_applied', 'inconclusive') THEN
         RAISE EXCEPTION 'a verdict is applied, not_applied or inconclusive, got %',
@@ -409,13 +416,16 @@ BEGIN
     END IF;
     v_receipt := orch8.load_effect_receipt(p_tenant_id, p_effect_id);
 
-    -- Does the instance wait on this receipt? Then it goes on as the step says.
+    -- Does a node wait on this receipt? Then it goes on as the step says.
     SELECT * INTO v_inst FROM orch8.task_instances AS t
     WHERE t.tenant_id = p_tenant_id AND t.id = v_receipt.instance_id
     FOR UPDATE;
     v_last := orch8.latest_block_row(p_tenant_id, v_inst.id, v_receipt.block_id);
-    IF v_inst.state NOT IN ('waiting', 'failed')
-       OR v_inst.current_block IS DISTINCT FROM v_receipt.block_id
+    SELECT n.state INTO v_node_state FROM orch8.execution_nodes AS n
+    WHERE n.tenant_id = p_tenant_id AND n.instance_id = v_inst.id
+      AND n.path = v_receipt.block_id;
+    IF v_inst.state IN ('completed', 'cancelled')
+       OR v_node_state IS NULL OR v_node_state NOT IN ('waiting', 'blocked')
        OR v_last.sentinel IS DISTINCT FROM '__unsettled__'
        OR v_last.effect_id IS DISTINCT FROM p_effect_id THEN
         RETURN QUERY SELECT v_receipt.state::text, v_inst.state,
@@ -449,12 +459,18 @@ BEGIN
         END IF;
         v_reason := v_next.detail;
     END IF;
-    IF v_inst.state = 'waiting' THEN
-        PERFORM orch8.transition_instance(p_tenant_id, v_inst.id, 'waiting', 'failed', v_actor,
+    -- the step stops here: its node blocks, for a person
+    UPDATE orch8.execution_nodes AS n
+    SET state = 'blocked', updated_at = orch8.now(),
+        error = format('receipt %s is %s by its verifier, and the step stops: %s; retry it '
+                       'by hand', p_effect_id, v_receipt.state, v_reason)
+    WHERE n.tenant_id = p_tenant_id AND n.instance_id = v_inst.id
+      AND n.path = v_receipt.block_id AND n.state = 'waiting';
+    RETURN QUERY SELECT v_receipt.state::text,
+        orch8.sync_instance(p_tenant_id, v_inst.id, v_actor,
             format('receipt %s is %s by its verifier, and the step stops: %s; retry it by hand',
-                   p_effect_id, v_receipt.state, v_reason));
-    END IF;
-    RETURN QUERY SELECT v_receipt.state::text, 'failed'::orch8.instance_state, v_reason;
+                   p_effect_id, v_receipt.state, v_reason)),
+        v_reason;
 END
 $$;
 
@@ -466,9 +482,9 @@ COMMENT ON FUNCTION orch8.record_verification(
 'on the receipt (actor verifier:<method>), the next try after the schedule''s next delay, '
 'or after the last one escalated (escalate_verification). applied -> the receipt is '
 'verified, not_applied -> abandoned, through record_resolution with the evidence, the '
-'provider receipt id and (applied) the output. When the instance waits on the receipt '
-'(waiting or failed, the block''s latest row __unsettled__ for it) it goes on as the step '
+'provider receipt id and (applied) the output. When a node waits on the receipt (waiting '
+'or blocked, its latest row __unsettled__ for it) it goes on as the step '
 'says: verify.on_verified continue (default; continue_settled_step) or stop, '
 'verify.on_not_applied retry (default, while retry.max_attempts allows) or stop; stopping '
-'fails it with the reason. Returns the receipt''s new state (or inconclusive, escalated, '
+'blocks the step''s node with the reason (the instance fails when nothing else runs). Returns the receipt''s new state (or inconclusive, escalated, '
 'stale), the instance''s state and a detail.';
