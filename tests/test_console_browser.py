@@ -202,3 +202,57 @@ def test_admin_switches_tenant_from_the_header_in_a_real_browser(browser, server
     assert "Back in your key's own tenant t1." in flash.text
     assert browser.find_element(By.ID, "acting-tenant").text == "t1"
     assert browser.find_elements(By.ID, "tenant-home") == []
+
+
+@pytest.mark.timeout(90)
+def test_the_instance_page_draws_the_execution_tree(browser, server, db_url, conn, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    import tests.test_workflows  # noqa: F401  (registers wf.unsure and wf.record)
+    from tests.runner_helpers import make_sequence, running, start, wait_for
+
+    seq = make_sequence(
+        conn,
+        [
+            {
+                "type": "parallel",
+                "id": "fan",
+                "branches": [
+                    [{"type": "step", "id": "unsure", "handler": "wf.unsure"}],
+                    [{"type": "step", "id": "sure", "handler": "wf.record"}],
+                ],
+            }
+        ],
+    )
+    with running(db_url):
+        instance = start(conn, seq)
+        assert wait_for(conn, [instance])[instance][0] == "failed"
+    _, secret = apikeys.create(conn, "t1", "operator", "alice")
+    wait = WebDriverWait(browser, 10)
+    browser.get(server + "/console/login")
+    wait.until(ec.presence_of_element_located((By.ID, "api_key"))).send_keys(secret)
+    browser.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+    wait.until(ec.presence_of_element_located((By.ID, "queue-depth")))
+    browser.get(f"{server}/console/instances/{instance}")
+    tree = wait.until(ec.presence_of_element_located((By.ID, "execution-tree")))
+
+    def node(path: str):
+        return tree.find_element(By.CSS_SELECTOR, f"li[data-path='{path}']")
+
+    # nested as the execution ran: the parallel, its branches, their steps
+    blocked = node("fan").find_element(
+        By.CSS_SELECTOR, "li[data-path='fan#0'] li[data-path='fan#0/unsure']"
+    )
+    assert "blocked" in blocked.text and "attempt 0" in blocked.text
+    assert "unknown" in blocked.text  # its receipt, linked for the operator
+    assert blocked.find_element(By.CSS_SELECTOR, "a[href*='/console/effects/']")
+    done = node("fan#1/sure")
+    assert (
+        "completed" in done.text and done.find_element(By.CSS_SELECTOR, ".node code").text == "sure"
+    )
+    assert node("fan#0").find_element(By.CSS_SELECTOR, ".node code").text == "#0"
+    assert browser.find_elements(By.ID, "retry"), "the blocked branch can be retried"
+    shot = tmp_path / "execution-tree.png"
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 0

@@ -627,7 +627,7 @@ def claimed(conn):
     seq_id = conn.execute(
         "INSERT INTO orch8.sequences (tenant_id, name, version, definition)"
         " VALUES ('t1', 'flow', 1,"
-        " '{\"blocks\": [{\"id\": \"a\", \"type\": \"step\", \"handler\": \"noop\"}]}')"
+        ' \'{"blocks": [{"id": "a", "type": "step", "handler": "noop"}]}\')'
         " RETURNING id"
     ).fetchone()[0]
     instance_id = conn.execute(

@@ -145,7 +145,7 @@ def sequence(conn, tenant="t1") -> str:
     return conn.execute(
         "INSERT INTO orch8.sequences (tenant_id, name, version, definition)"
         " VALUES (%s, 'flow', 1,"
-        " '{\"blocks\": [{\"id\": \"a\", \"type\": \"step\", \"handler\": \"noop\"}]}')"
+        ' \'{"blocks": [{"id": "a", "type": "step", "handler": "noop"}]}\')'
         " RETURNING id",
         (tenant,),
     ).fetchone()[0]

@@ -8,6 +8,7 @@ tests/test_language.py checks that every field the language supports has such a 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -19,6 +20,7 @@ from orch8_py import sqlapi
 from orch8_py.errors import InvalidInput
 from orch8_py.handlers import NotApplied, StepError, handler
 from orch8_py.steps import StepContext
+from tests.cli_helpers import orch8_env, run_orch8
 from tests.language_proofs import proves
 from tests.runner_helpers import TENANT, make_sequence, running, start, wait_for
 
@@ -943,3 +945,36 @@ def test_retry_after_resolution_resumes_only_the_blocked_node(conn, runner):
     assert paths_called().count("fan#1/sure") == 1  # the other branch never ran again
     assert paths_called().count("fan#0/unsure") == 2
     assert paths_called()[-1] == "after"
+
+
+def test_instances_show_draws_the_tree(db_url, conn, runner):
+    blocks = [
+        {
+            "type": "parallel",
+            "id": "fan",
+            "branches": [[step("left", "wf.pay", params={"n": 1})], [step("right")]],
+        },
+        step("skip_me", when="false"),
+    ]
+    instance, state, _ = run(conn, blocks)
+    assert state == "completed"
+    env = orch8_env(ORCH8_DATABASE_URL=db_url)
+    shown = run_orch8("instances", "show", str(instance), "--tenant", TENANT, env=env)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    tree = lines[lines.index("  tree:") + 1 : lines.index("  effects:")]
+    labels = [line.split()[0] for line in tree]
+    assert labels == ["fan", "#0", "left", "#1", "right", "skip_me"]
+    indent = {line.split()[0]: len(line) - len(line.lstrip()) for line in tree}
+    assert indent["fan"] < indent["#0"] < indent["left"] and indent["#1"] == indent["#0"]
+    left = next(line for line in tree if line.split()[0] == "left")
+    receipt = conn.execute(
+        "SELECT id FROM orch8.effect_receipts WHERE instance_id = %s AND block_id = 'fan#0/left'",
+        (instance,),
+    ).fetchone()[0]
+    assert "completed" in left and "attempt 0" in left and f"receipt {receipt} committed" in left
+    assert tree[-1].split()[:2] == ["skip_me", "skipped"]
+    as_json = run_orch8("instances", "show", str(instance), "--tenant", TENANT, "--json", env=env)
+    body = json.loads(as_json.stdout)
+    assert [n["path"] for n in body["tree"]] == ["fan", "skip_me"]
+    assert [c["path"] for c in body["tree"][0]["children"]] == ["fan#0", "fan#1"]

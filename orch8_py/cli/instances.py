@@ -11,6 +11,7 @@ from collections.abc import Callable
 from .. import db, rules, sqlapi
 from ..errors import EffectBlocked, InvalidInput, NotFound
 from ..sqlapi.base import NO_OUTPUT, Conn
+from ..tree_rows import TreeNode, as_json, nest
 from .common import (
     EXIT_BLOCKED,
     EXIT_OK,
@@ -126,38 +127,27 @@ def instances_show(args: argparse.Namespace, url: str) -> int:
         found = sqlapi.instances.get_instance(conn, tenant_id=args.tenant, instance_id=instance_id)
         if found is None:
             raise NotFound(f"instance {instance_id} not found in tenant {args.tenant!r}")
-        steps = sqlapi.instances.instance_outputs(
-            conn, tenant_id=args.tenant, instance_id=instance_id
+        tree = nest(
+            sqlapi.instances.instance_tree(conn, tenant_id=args.tenant, instance_id=instance_id)
         )
         effects = sqlapi.effects.receipts_of_instance(
             conn, tenant_id=args.tenant, instance_id=instance_id
         )
     shown = ("id", "state", "requested_state", "current_block", "error", "created_at")
     inst = {k: found[k] for k in (*shown, "updated_at", "context")}
-    outputs = [
-        {
-            "block_id": o["block_id"],
-            "attempt": o["attempt"],
-            "kind": o["sentinel"] or "output",
-            "output": o["output"],
-        }
-        for o in steps
-    ]
     brief = ("id", "block_id", "attempt", "kind", "state", "provider_receipt_id")
     receipts = [{k: r[k] for k in (*brief, "idempotency_key", "error")} for r in effects]
     if args.json:
-        emit({**inst, "outputs": outputs, "effects": receipts}, True, "")
+        emit({**inst, "tree": as_json(tree), "effects": receipts}, True, "")
         return EXIT_OK
     requested = f" ({inst['requested_state']} requested)" if inst["requested_state"] else ""
     lines = [f"instance {inst['id']}  {inst['state']}{requested}"]
     if inst["error"]:
         lines.append(f"  error: {inst['error']}")
-    lines.append("  steps:")
-    lines += [
-        f"    {o['block_id']:<16} attempt {o['attempt']}  {o['kind']}"
-        + (f"  {json.dumps(o['output'])[:80]}" if o["kind"] == "output" else "")
-        for o in outputs
-    ] or ["    (none yet)"]
+    lines.append("  tree:")
+    lines += [tree_line(depth, node) for top in tree for depth, node in top.walk()] or [
+        "    (nothing started yet)"
+    ]
     lines.append("  effects:")
     lines += [
         f"    {r['id']}  {r['block_id']:<12} attempt {r['attempt']}  {r['kind']:<7} "
@@ -166,6 +156,25 @@ def instances_show(args: argparse.Namespace, url: str) -> int:
     ] or ["    (none)"]
     print("\n".join(lines), flush=True)
     return EXIT_OK
+
+
+def tree_line(depth: int, node: TreeNode) -> str:
+    """One node: its part of the path (indented by depth), state, attempt, receipt, why."""
+    r = node.row
+    label = "  " * depth + node.label
+    parts = [f"    {label:<30} {r['state']:<10}"]
+    if r["attempt"] is not None:
+        parts.append(f"attempt {r['attempt']}")
+    if r["effect_id"] is not None:
+        parts.append(f"receipt {r['effect_id']} {r['receipt_state']}")
+    if r["child_instance_id"] is not None:
+        parts.append(f"child {r['child_instance_id']}")
+    if r["state"] == "completed" and r["output"] is not None and r["kind"] != "sequence":
+        parts.append(json.dumps(r["output"])[:80])
+    why = r["error"] if r["state"] in ("failed", "blocked") else r["cancel_reason"]
+    if why and r["state"] in ("failed", "blocked", "cancelled"):
+        parts.append(f"({cell(why, 80)})")
+    return "  ".join(parts).rstrip()
 
 
 def _blocked_message(args: argparse.Namespace, exc: EffectBlocked) -> str:

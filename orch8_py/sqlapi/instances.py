@@ -203,6 +203,20 @@ def instance_outputs(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID) -> l
     )
 
 
+def instance_tree(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID) -> list[Row]:
+    """The instance's execution tree (orch8.execution_tree), in the order nodes started:
+    every node with its state, attempt, latest receipt, error and lease."""
+    return all_rows(
+        conn,
+        "SELECT path, parent_path, block_id, kind, state::text AS state, attempt, effect_id,"
+        " receipt_state::text AS receipt_state, output, error, cancel_reason, child_instance_id,"
+        " lease_owner, lease_expires_at, next_fire_at, created_at, ended_at"
+        " FROM orch8.execution_tree WHERE tenant_id = %(tenant)s AND instance_id = %(id)s"
+        " ORDER BY created_at, path",
+        {"tenant": tenant_id, "id": instance_id},
+    )
+
+
 def instance_audit(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID) -> list[Row]:
     """The instance's transitions (orch8.instance_transitions), in order."""
     return all_rows(

@@ -1367,3 +1367,52 @@ $$;
 COMMENT ON FUNCTION orch8.child_ended(orch8.task_instances) IS
 'A child instance ended: the parent''s sub_sequence node that waits for it becomes ready, '
 'for a runner to collect the result (run_child). Touches only that node''s row.';
+
+-- What the front ends draw ---------------------------------------------------------------
+
+CREATE OR REPLACE VIEW orch8.execution_tree WITH (security_invoker = true) AS
+SELECT
+    n.tenant_id,
+    n.instance_id,
+    n.path,
+    n.parent_path,
+    n.block_id,
+    n.kind,
+    n.state,
+    o.attempt,
+    r.id AS effect_id,
+    r.state AS receipt_state,
+    coalesce(v.output, CASE WHEN n.kind IN ('sequence', 'undo') THEN n.output END) AS output,
+    n.error,
+    n.cancel_reason,
+    n.child_instance_id,
+    n.lease_owner,
+    n.lease_expires_at,
+    n.next_fire_at,
+    n.created_at,
+    n.ended_at
+FROM orch8.execution_nodes AS n
+LEFT JOIN LATERAL (
+    SELECT b.attempt FROM orch8.block_outputs AS b
+    WHERE b.tenant_id = n.tenant_id AND b.instance_id = n.instance_id AND b.block_id = n.path
+      AND n.kind IN ('step', 'compensation', 'sub_sequence')
+    ORDER BY b.seq DESC LIMIT 1
+) AS o ON true
+LEFT JOIN LATERAL (
+    SELECT e.id, e.state FROM orch8.effect_receipts AS e
+    WHERE e.tenant_id = n.tenant_id AND e.instance_id = n.instance_id AND e.block_id = n.path
+    ORDER BY e.attempt DESC, e.created_at DESC LIMIT 1
+) AS r ON true
+LEFT JOIN LATERAL (
+    SELECT b.output FROM orch8.block_outputs AS b
+    WHERE b.tenant_id = n.tenant_id AND b.instance_id = n.instance_id AND b.block_id = n.path
+      AND b.sentinel IS NULL
+    ORDER BY b.seq DESC LIMIT 1
+) AS v ON true;
+
+COMMENT ON VIEW orch8.execution_tree IS
+'Each node of each instance''s execution tree with what an operator reads beside it: the '
+'latest attempt of a step (or sub_sequence), its latest receipt and that receipt''s '
+'state, its output (the latest), why it was cancelled, its child instance and its lease. What the API, the CLI '
+'and the console draw as a tree (parent_path links a node to its parent; '
+'ORDER BY created_at, path gives the order things started).';

@@ -209,6 +209,8 @@ WebhookUrl = Annotated[
 # --- names of rules.py --------------------------------------------------------------------
 
 InstanceState = Annotated[str, OneOf(rules.INSTANCE_STATES)]
+NodeState = Annotated[str, OneOf(rules.NODE_STATES)]
+NodeKind = Annotated[str, OneOf(rules.NODE_KINDS)]
 EffectState = Annotated[str, OneOf(rules.EFFECT_STATES)]
 EffectKind = Annotated[str, OneOf(rules.EFFECT_KINDS)]
 WebhookEvent = Annotated[str, OneOf(rules.WEBHOOK_EVENTS)]

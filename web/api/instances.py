@@ -32,6 +32,7 @@ from .models.instances import (
     SignalSend,
     SignalSent,
     TransitionList,
+    TreeList,
 )
 from .spec import READ, WRITE, operation
 
@@ -41,6 +42,7 @@ AT_ID = {"instance_id": "$response.body#/id"}
 FOLLOW = {
     "GetInstance": ("getInstance", AT_ID),
     "GetOutputs": ("listInstanceOutputs", AT_ID),
+    "GetTree": ("getInstanceTree", AT_ID),
     "GetAudit": ("listInstanceAudit", AT_ID),
     "GetSignals": ("listInstanceSignals", AT_ID),
     "GetEffects": ("listInstanceEffects", AT_ID),
@@ -154,6 +156,22 @@ def outputs(path: InstancePath) -> OutputList:
             conn, tenant_id=g.tenant, instance_id=path.instance_id
         )
     return OutputList.model_validate({"items": rows})
+
+
+@bp.get("/instances/<instance_id>/tree")
+@operation(
+    roles=OPERATOR, ok={200: TreeList}, errors=READ, tag=TAG, operation_id="getInstanceTree"
+)
+def tree(path: InstancePath) -> TreeList:
+    """The instance's execution tree (orch8.execution_tree): every node, in the order it
+    started, with its state, attempt, latest receipt and output; parent_path links it to
+    its parent"""
+    with tenant_tx() as conn:
+        exists(conn, path.instance_id)
+        rows = sqlapi.instances.instance_tree(
+            conn, tenant_id=g.tenant, instance_id=path.instance_id
+        )
+    return TreeList.model_validate({"items": rows})
 
 
 @bp.get("/instances/<instance_id>/audit")

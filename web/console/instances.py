@@ -10,6 +10,7 @@ from flask.typing import ResponseReturnValue
 
 from orch8_py import errors, rules, sqlapi
 from orch8_py.sqlapi import Row
+from orch8_py.tree_rows import nest
 
 from ..api.cursors import cursor, cursor_time, cursor_uuid, encode_cursor
 from ..db import tenant_tx
@@ -96,6 +97,7 @@ def instance(instance_id: uuid.UUID) -> ResponseReturnValue:
         outputs = sqlapi.instances.instance_outputs(
             conn, tenant_id=g.tenant, instance_id=instance_id
         )
+        rows = sqlapi.instances.instance_tree(conn, tenant_id=g.tenant, instance_id=instance_id)
         receipts = sqlapi.effects.receipts_of_instance(
             conn, tenant_id=g.tenant, instance_id=instance_id
         )
@@ -108,13 +110,17 @@ def instance(instance_id: uuid.UUID) -> ResponseReturnValue:
             "instance.html",
             conn,
             inst=inst,
+            tree=nest(rows),
             outputs=outputs,
             receipts=receipts,
             events=events,
             transitions=transitions,
             blocking=blocking,
-            # failed, or waiting on a verifier for a receipt settled by hand meanwhile
-            can_retry=inst["state"] == "failed" or (inst["state"] == "waiting" and not blocking),
+            # failed, or a node waits on a person: blocked (its branch stopped while others
+            # run), or waiting on a verifier for a receipt settled by hand meanwhile
+            can_retry=inst["state"] == "failed"
+            or any(r["state"] == "blocked" for r in rows)
+            or (inst["state"] == "waiting" and not blocking),
             can_cancel=inst["state"] in CANCELLABLE and inst["requested_state"] != "cancelled",
         )
 

@@ -14,6 +14,7 @@ from orch8_py.sqlapi.base import NO_OUTPUT
 from ..cursors import InstanceCursor
 from ..fields import (
     DateTime,
+    EffectState,
     IdempotencyKey,
     Identifier,
     InstanceState,
@@ -22,6 +23,8 @@ from ..fields import (
     JsonObject,
     JsonValue,
     Limit,
+    NodeKind,
+    NodeState,
     Note,
     SequenceName,
     SignalType,
@@ -92,6 +95,30 @@ class Output(Answer):
 
 class OutputList(Answer):
     items: list[Output]
+
+
+class TreeNode(Answer):
+    path: str = Field(description="the node's path: a top-level block's id, else e.g. fan#1/ship")
+    parent_path: str | None = Field(description="the node it belongs to ('' is the root list)")
+    block_id: str | None = Field(description="the block it executes (null for a root list)")
+    kind: NodeKind
+    state: NodeState
+    attempt: int | None = Field(description="a step's latest attempt")
+    effect_id: uuid.UUID | None = Field(description="its latest receipt")
+    receipt_state: EffectState | None
+    output: Any = Field(description="its latest output (a composite's too), or null")
+    error: str | None
+    cancel_reason: str | None = Field(description="why it was cancelled (a race lost...)")
+    child_instance_id: uuid.UUID | None = Field(description="a sub_sequence's child")
+    lease_owner: str | None
+    lease_expires_at: dt.datetime | None
+    next_fire_at: dt.datetime
+    created_at: dt.datetime
+    ended_at: dt.datetime | None
+
+
+class TreeList(Answer):
+    items: list[TreeNode] = Field(description="every node, in the order they started")
 
 
 class Transition(Answer):
