@@ -34,7 +34,7 @@ def block_problems(
     block: dict[str, Any], at: str, scope_vars: Iterable[str]
 ) -> list[dict[str, str]]:
     """The expressions and schemas of one block that do not parse."""
-    names = (*expression.ROOTS, *scope_vars)
+    names = tuple(dict.fromkeys((*expression.ROOTS, *scope_vars)))
     out: list[dict[str, str]] = []
     kind = block.get("type")
     if kind == "step":

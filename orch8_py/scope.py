@@ -60,8 +60,9 @@ def expression_scope(
 
 
 def roots(variables: dict[str, Any] | tuple[str, ...], *extra: str) -> tuple[str, ...]:
-    """The names an expression may start with: the language's, the variables', ``extra``."""
-    return (*expression.ROOTS, *variables, *extra)
+    """The names an expression may start with: the language's, the variables', ``extra``
+    (each once)."""
+    return tuple(dict.fromkeys((*expression.ROOTS, *variables, *extra)))
 
 
 def evaluate(text: str, scope: dict[str, Any], names: tuple[str, ...]) -> Any:

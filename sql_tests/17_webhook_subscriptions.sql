@@ -32,7 +32,7 @@ AS $$
     INSERT INTO ids (name, id)
     SELECT p_name, c.id::text
     FROM orch8.create_instance('tap', pg_temp.id('seq')) AS c;
-    SELECT count(*) FROM orch8.claim_due_instances('tap-runner', 1, '30 seconds');
+    SELECT count(*) FROM orch8.claim_due_nodes('tap-runner', 1, '30 seconds');
     SELECT orch8.transition_instance('tap', pg_temp.id(p_name), 'running', 'completed', 'runner');
 $$;
 
@@ -45,7 +45,7 @@ AS $$
 $$;
 
 INSERT INTO orch8.sequences (tenant_id, name, version, definition)
-VALUES ('tap', 'flow', 1, '{}');
+VALUES ('tap', 'flow', 1, '{"blocks": [{"id": "a", "type": "step", "handler": "noop"}]}');
 INSERT INTO ids (name, id)
 SELECT
     'seq' AS name,

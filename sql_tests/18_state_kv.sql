@@ -4,7 +4,7 @@ BEGIN;
 SELECT plan(17);
 
 INSERT INTO orch8.sequences (tenant_id, name, version, definition)
-VALUES ('tap', 'flow', 1, '{}');
+VALUES ('tap', 'flow', 1, '{"blocks": [{"id": "a", "type": "step", "handler": "noop"}]}');
 
 CREATE TEMP TABLE lease AS
 SELECT
@@ -17,7 +17,7 @@ FROM orch8.create_instance(
     )
 ) AS c;
 UPDATE lease SET token = (
-    SELECT c.lease_token FROM orch8.claim_due_instances('tap-runner', 1, '30 seconds') AS c
+    SELECT c.lease_token FROM orch8.claim_due_nodes('tap-runner', 1, '30 seconds') AS c
 );
 
 CREATE FUNCTION pg_temp.kv(p_key text)

@@ -53,7 +53,7 @@ INSERT INTO defs VALUES
           "params": {"url": "https://api.example/{{ nope.x }}",
                      "headers": {"x-id": "{{ data.x"}},
           "retry": {"max_attempts": 0}},
-         {"id": "fetch", "type": "step", "handler": "log", "when": "data.ok"},
+         {"id": "fetch", "type": "step", "handler": "log", "delay": 5},
          {"id": "jump", "type": "teleport"},
          {"id": "fan", "type": "parallel", "branches": []},
          {"id": "notify", "type": "step", "params": {}}],
@@ -80,13 +80,37 @@ SELECT has_function('orch8', 'sequence_language', '{}'::text[]);
 
 SELECT bag_eq(
     $$SELECT l.scope, l.field FROM orch8.sequence_language() AS l WHERE l.supported$$,
-    $$VALUES ('definition', 'blocks'), ('definition', 'invariants'), ('block_type', 'step'),
+    $$VALUES ('definition', 'blocks'), ('definition', 'invariants'),
+             ('definition', 'input_schema'), ('definition', 'on_failure'),
+             ('definition', 'on_cancel'),
+             ('block_type', 'step'), ('block_type', 'parallel'), ('block_type', 'race'),
+             ('block_type', 'loop'), ('block_type', 'for_each'), ('block_type', 'router'),
+             ('block_type', 'try_catch'), ('block_type', 'sub_sequence'), ('block_type', 'saga'),
              ('step', 'type'), ('step', 'id'), ('step', 'handler'), ('step', 'params'),
              ('step', 'timeout'), ('step', 'retry'), ('step', 'provider_idempotency'),
-             ('step', 'verify'),
+             ('step', 'verify'), ('step', 'output_schema'), ('step', 'when'),
+             ('step', 'compensation'),
              ('retry', 'max_attempts'), ('retry', 'initial_backoff'), ('retry', 'max_backoff'),
              ('retry', 'backoff_multiplier'), ('retry', 'non_retryable_codes'),
-             ('retry', 'on_ambiguous'),
+             ('retry', 'on_ambiguous'), ('retry', 'retry_if'),
+             ('parallel', 'type'), ('parallel', 'id'), ('parallel', 'branches'),
+             ('parallel', 'on_branch_failure'),
+             ('race', 'type'), ('race', 'id'), ('race', 'branches'), ('race', 'semantics'),
+             ('loop', 'type'), ('loop', 'id'), ('loop', 'condition'), ('loop', 'body'),
+             ('loop', 'max_iterations'), ('loop', 'break_on'),
+             ('for_each', 'type'), ('for_each', 'id'), ('for_each', 'collection'),
+             ('for_each', 'body'), ('for_each', 'item_var'), ('for_each', 'index_var'),
+             ('for_each', 'max_iterations'), ('for_each', 'concurrency'),
+             ('router', 'type'), ('router', 'id'), ('router', 'routes'), ('router', 'default'),
+             ('route', 'condition'), ('route', 'blocks'),
+             ('try_catch', 'type'), ('try_catch', 'id'), ('try_catch', 'try_block'),
+             ('try_catch', 'catch_block'), ('try_catch', 'finally_block'),
+             ('saga', 'type'), ('saga', 'id'), ('saga', 'blocks'),
+             ('sub_sequence', 'type'), ('sub_sequence', 'id'), ('sub_sequence', 'sequence_name'),
+             ('sub_sequence', 'namespace'), ('sub_sequence', 'version'),
+             ('sub_sequence', 'input'),
+             ('compensation', 'handler'), ('compensation', 'params'),
+             ('compensation', 'timeout'), ('compensation', 'retry'),
              ('verify', 'http'), ('verify', 'applied_if'), ('verify', 'not_applied_if'),
              ('verify', 'receipt_path'), ('verify', 'replay'), ('verify', 'handler'),
              ('verify', 'schedule'), ('verify', 'on_verified'), ('verify', 'on_not_applied'),
@@ -109,8 +133,7 @@ SELECT results_eq(
     $$SELECT f.path, f.message FROM orch8.sequence_field_problems(
         'step', '{"when": "x", "type": "step", "colour": "red", "delay": 5}', '$.blocks[0]') AS f$$,
     $$VALUES ('$.blocks[0].colour', 'unknown field'),
-             ('$.blocks[0].delay', 'delay is not supported yet'),
-             ('$.blocks[0].when', 'when is not supported yet')$$,
+             ('$.blocks[0].delay', 'delay is not supported yet')$$,
     'sequence_field_problems: known but not run is "not supported yet", others unknown, by key'
 );
 
@@ -184,7 +207,6 @@ SELECT results_eq(
           "jitter": true}', '$.r') AS r$$,
     $$VALUES
         ('$.r.jitter', 'unknown field'),
-        ('$.r.retry_if', 'retry_if is not supported yet'),
         ('$.r.max_attempts', 'max_attempts must be an integer from 1 to 100'),
         ('$.r.initial_backoff', 'initial_backoff must be an integer >= 0 (milliseconds)'),
         ('$.r.backoff_multiplier', 'backoff_multiplier must be a number >= 1'),
@@ -218,7 +240,7 @@ SELECT results_eq(
 SELECT results_eq(
     $$SELECT s.path, s.message FROM orch8.sequence_step_problems(
         '{"id": "a", "type": "step", "handler": "", "params": [], "timeout": 0,
-          "rate_limit_key": "stripe"}', '$.s') AS s$$,
+          "rate_limit_key": "stripe"}', '$.s', orch8.template_roots(), 'definition') AS s$$,
     $$VALUES
         ('$.s.handler', 'handler must be a non-empty string'),
         ('$.s.params', 'params must be a JSON object'),
@@ -229,21 +251,23 @@ SELECT results_eq(
 
 SELECT results_eq(
     $$SELECT s.path, s.message FROM orch8.sequence_step_problems(
-        '{"id": "a", "type": "step"}', '$.s') AS s$$,
+        '{"id": "a", "type": "step"}', '$.s', orch8.template_roots(), 'definition') AS s$$,
     $$VALUES ('$.s.handler', 'handler is required (a non-empty string)')$$,
     'sequence_step_problems: a handler is required'
 );
 
 SELECT results_eq(
     $$SELECT s.message FROM orch8.sequence_step_problems(
-        '{"id": "a", "type": "step", "handler": "human_review"}', '$.s') AS s$$,
+        '{"id": "a", "type": "step", "handler": "human_review"}', '$.s', orch8.template_roots(),
+        'definition') AS s$$,
     $$VALUES ('handler "human_review" is a builtin that is not supported yet')$$,
     'sequence_step_problems: a reserved builtin this engine does not run is not supported yet'
 );
 
 SELECT is_empty(
     $$SELECT * FROM orch8.sequence_step_problems(
-        '{"id": "a", "type": "step", "handler": "payments.charge"}', '$.s')$$,
+        '{"id": "a", "type": "step", "handler": "payments.charge"}', '$.s',
+        orch8.template_roots(), 'definition')$$,
     'sequence_step_problems: any other handler name is somebody''s own'
 );
 
@@ -259,51 +283,53 @@ SELECT is(
 -- 7. A block --------------------------------------------------------------------------------
 
 SELECT results_eq(
-    $$SELECT b.path, b.message FROM orch8.sequence_block_problems('"x"', '$.b') AS b$$,
+    $$SELECT b.path, b.message
+      FROM orch8.sequence_block_problems('"x"', '$.b', '{}', 'definition', 1) AS b$$,
     $$VALUES ('$.b', 'a block must be a JSON object')$$,
     'sequence_block_problems: a block is an object'
 );
 
 SELECT results_eq(
     $$SELECT b.path, b.message FROM orch8.sequence_block_problems(
-        jsonb_build_object('id', repeat('i', 201), 'type', 'teleport'), '$.b') AS b$$,
+        jsonb_build_object('id', repeat('i', 201), 'type', 'teleport'), '$.b', '{}',
+        'definition', 1) AS b$$,
     $$VALUES ('$.b.id', 'id is longer than 200 characters'),
-             ('$.b.type', 'unknown block type "teleport" (known: step)')$$,
+             ('$.b.type', 'unknown block type "teleport" (known: step, parallel, race, loop, '
+              || 'for_each, router, try_catch, sub_sequence, saga)')$$,
     'sequence_block_problems: id length and an unknown type'
 );
 
 SELECT results_eq(
     $$SELECT b.path, b.message FROM orch8.sequence_block_problems(
-        '{"id": "charge.v2", "type": "step", "handler": "noop"}', '$.b') AS b$$,
+        '{"id": "charge.v2", "type": "step", "handler": "noop"}', '$.b', '{}', 'definition', 1
+    ) AS b$$,
     $$VALUES ('$.b.id', 'id "charge.v2" may hold only A-Z a-z 0-9 _ - (templates reach a '
               || 'block as outputs.<id>, and execution paths join ids with other characters)')$$,
     'sequence_block_problems: an id with a character templates and paths cannot carry'
 );
 
 SELECT results_eq(
-    $$SELECT b.path, b.message FROM orch8.sequence_block_problems('{"id": ""}', '$.b') AS b$$,
+    $$SELECT b.path, b.message
+      FROM orch8.sequence_block_problems('{"id": ""}', '$.b', '{}', 'definition', 1) AS b$$,
     $$VALUES ('$.b.id', 'id must be a non-empty string'),
-             ('$.b.type', 'type is required (step)')$$,
+             ('$.b.type', 'type is required (step or a composite block)')$$,
     'sequence_block_problems: an empty id and a missing type'
 );
 
 SELECT results_eq(
-    $$SELECT b.message FROM unnest(ARRAY['parallel', 'race', 'loop', 'for_each', 'router',
-        'try_catch', 'sub_sequence', 'saga', 'a_b_split', 'cancellation_scope']) AS t (type)
+    $$SELECT b.message FROM unnest(ARRAY['a_b_split', 'cancellation_scope']) AS t (type)
       CROSS JOIN LATERAL orch8.sequence_block_problems(
-        jsonb_build_object('id', 'c', 'type', t.type), '$.b') AS b$$,
-    $$SELECT format('block type "%s" is not supported yet (today a sequence is a list of steps)',
-                    t.type)
-      FROM unnest(ARRAY['parallel', 'race', 'loop', 'for_each', 'router', 'try_catch',
-                        'sub_sequence', 'saga', 'a_b_split', 'cancellation_scope']) AS t (type)$$,
-    'sequence_block_problems: every composite type is refused as not supported yet'
+        jsonb_build_object('id', 'c', 'type', t.type), '$.b', '{}', 'definition', 1) AS b$$,
+    $$SELECT format('block type "%s" is not supported yet', t.type)
+      FROM unnest(ARRAY['a_b_split', 'cancellation_scope']) AS t (type)$$,
+    'sequence_block_problems: the composite types this engine does not run are refused'
 );
 
 -- 8. Block ids --------------------------------------------------------------------------------
 
 SELECT results_eq(
     $$SELECT d.path, d.message FROM orch8.sequence_block_id_problems(
-        '[{"id": "a"}, {"id": "b"}, {"id": "a"}, {"id": 3}, {"id": "a"}]') AS d$$,
+        '{"blocks": [{"id": "a"}, {"id": "b"}, {"id": "a"}, {"id": 3}, {"id": "a"}]}') AS d$$,
     $$VALUES ('$.blocks[2].id', 'duplicate block id "a" (first used at $.blocks[0])'),
              ('$.blocks[4].id', 'duplicate block id "a" (first used at $.blocks[0])')$$,
     'sequence_block_id_problems: each repeat names the first use'
@@ -353,13 +379,12 @@ SELECT results_eq(
           "on_failure": [], "input_schema": {}, "blocks": []}') AS t$$,
     $$VALUES
         ('$.id', 'id is set by create_sequence, not by the document'),
-        ('$.input_schema', 'input_schema is not supported yet'),
         ('$.name', 'name is set by create_sequence, not by the document'),
-        ('$.on_failure', 'on_failure is not supported yet'),
         ('$.owner', 'unknown field'),
         ('$.sla', 'sla is not supported yet'),
         ('$.version', 'version is set by create_sequence, not by the document'),
-        ('$.blocks', 'blocks must be a non-empty array of blocks')$$,
+        ('$.blocks', 'blocks must be a non-empty array of blocks'),
+        ('$.on_failure', 'on_failure must be a non-empty array of blocks')$$,
     'sequence_top_problems: the document''s fields, then blocks'
 );
 
@@ -400,9 +425,9 @@ SELECT results_eq(
         ('$.blocks[0].params.url'),
         ('$.blocks[0].params.headers["x-id"]'),
         ('$.blocks[0].retry.max_attempts'),
-        ('$.blocks[1].when'),
+        ('$.blocks[1].delay'),
         ('$.blocks[2].type'),
-        ('$.blocks[3].type'),
+        ('$.blocks[3].branches'),
         ('$.blocks[4].handler'),
         ('$.blocks[1].id'),
         ('$.invariants[0].kind'),
@@ -420,9 +445,9 @@ SELECT is(
             ('$.blocks[0].params.url', 'template "{{ nope.x }}" has an unknown root "nope"%'),
             ('$.blocks[0].params.headers["x-id"]', 'unclosed template%'),
             ('$.blocks[0].retry.max_attempts', 'max_attempts must be an integer from 1 to 100'),
-            ('$.blocks[1].when', 'when is not supported yet'),
+            ('$.blocks[1].delay', 'delay is not supported yet'),
             ('$.blocks[2].type', 'unknown block type "teleport"%'),
-            ('$.blocks[3].type', 'block type "parallel" is not supported yet%'),
+            ('$.blocks[3].branches', 'branches is required: an array of 1 to 256 branches%'),
             ('$.blocks[4].handler', 'handler is required%'),
             ('$.blocks[1].id', 'duplicate block id "fetch" (first used at $.blocks[0])'),
             ('$.invariants[0].kind', 'unknown effect kind "telepathy"%'),

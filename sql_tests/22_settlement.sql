@@ -65,10 +65,10 @@ CREATE FUNCTION pg_temp.claim(p_name text)
 RETURNS integer
 LANGUAGE sql
 AS $$
-    UPDATE orch8.task_instances AS t
-    SET next_fire_at = CASE WHEN t.id = pg_temp.id(p_name) THEN orch8.now() - interval '1 day'
-                            ELSE '2100-01-01' END
-    WHERE t.tenant_id = 'st' AND t.state = 'scheduled';
+    UPDATE orch8.execution_nodes AS n
+    SET next_fire_at = CASE WHEN n.instance_id = pg_temp.id(p_name)
+                            THEN orch8.now() - interval '1 day' ELSE '2100-01-01' END
+    WHERE n.tenant_id = 'st' AND n.state = 'ready';
     UPDATE names AS n SET token = c.lease_token
     FROM orch8.claim_work('tap-runner', 1, '1 hour') AS c
     WHERE n.name = p_name AND c.id = n.id
@@ -184,7 +184,7 @@ SELECT orch8.resolve_effect(
 );
 SELECT throws_like(
     $$SELECT * FROM orch8.retry_instance('st', pg_temp.id('p1'), 'alice')$$,
-    '%carries no output for block charge, and later blocks read it (after)%',
+    '%carries no output for block charge, and other blocks read it (after)%',
     'committed without an output while a later block reads it: retry refuses, naming it'
 );
 SELECT results_eq(
@@ -258,8 +258,8 @@ SELECT results_eq(
 
 SELECT pg_temp.start('c1', 'checked');
 SELECT pg_temp.begin('c1', 0);
-UPDATE orch8.task_instances SET lease_expires_at = orch8.now() - interval '1 second'
-WHERE id = pg_temp.id('c1');
+UPDATE orch8.execution_nodes SET lease_expires_at = orch8.now() - interval '1 second'
+WHERE instance_id = pg_temp.id('c1') AND lease_token IS NOT NULL;
 SELECT is(pg_temp.claim('c1'), 0, 'after the lease expired, the claim resumes attempt 0');
 CREATE TEMP TABLE began AS SELECT (pg_temp.begin('c1', 0)).outcome;
 SELECT results_eq(

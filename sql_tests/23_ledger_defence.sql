@@ -366,9 +366,7 @@ SELECT throws_ok(
     ),
     'O8004', NULL, 'an instance keeps its identity'
 );
-UPDATE orch8.task_instances SET
-    state = 'paused', lease_owner = NULL, lease_token = NULL,
-    lease_expires_at = NULL
+UPDATE orch8.task_instances SET state = 'paused'
 WHERE id = pg_temp.id('done');
 SELECT results_eq(
     format(

@@ -14,8 +14,8 @@ SELECT c.lease_token AS held_token
 FROM orch8.claim_work('tap-runner', 10, '1 hour') AS c
 WHERE c.id = :'held' \gset
 SELECT c.lease_token AS lost_token
-FROM orch8.task_instances AS c
-WHERE c.id = :'lost' \gset
+FROM orch8.execution_nodes AS c
+WHERE c.instance_id = :'lost' AND c.lease_token IS NOT NULL \gset
 SELECT (orch8.begin_step('lr', :'held', :'held_token', 'charge', 'x.pay', '{}', 0)).effect_id
     AS held_effect
 \gset
@@ -34,11 +34,16 @@ WHERE id IN (:'held_effect', :'lost_effect');
 UPDATE orch8.task_instances
 SET
     state = 'scheduled',
+    next_fire_at = orch8.now() + interval '1 hour'
+WHERE id = :'lost';
+UPDATE orch8.execution_nodes
+SET
+    state = 'ready',
     lease_token = NULL,
     lease_owner = NULL,
     lease_expires_at = NULL,
     next_fire_at = orch8.now() + interval '1 hour'
-WHERE id = :'lost';
+WHERE instance_id = :'lost' AND path = 'charge';
 RESET session_replication_role;
 
 -- Under a held lease, finish_step itself records the receipt and waits for settlement.
@@ -144,8 +149,8 @@ SELECT throws_ok(
 );
 
 -- The next claim of the step meets the kept receipt: blocked, nothing dispatched.
-UPDATE orch8.task_instances SET next_fire_at = orch8.now()
-WHERE id = :'lost';
+UPDATE orch8.execution_nodes SET next_fire_at = orch8.now()
+WHERE instance_id = :'lost' AND state = 'ready';
 SELECT c.lease_token AS again
 FROM orch8.claim_work('tap-runner-2', 10, '1 hour') AS c
 WHERE c.id = :'lost' \gset

@@ -74,7 +74,7 @@ AS $$
     INSERT INTO ids (name, id)
     SELECT p_name, c.id::text
     FROM orch8.create_instance('tap', pg_temp.id('seq')::uuid) AS c;
-    SELECT count(*)::integer FROM orch8.claim_due_instances('tap-runner', 1, '30 seconds');
+    SELECT count(*)::integer FROM orch8.claim_due_nodes('tap-runner', 1, '30 seconds');
 $$;
 
 CREATE FUNCTION pg_temp.outbox_count(p_state text DEFAULT NULL)
@@ -94,7 +94,7 @@ AS $$
 $$;
 
 INSERT INTO orch8.sequences (tenant_id, name, version, definition)
-VALUES ('tap', 'flow', 1, '{}');
+VALUES ('tap', 'flow', 1, '{"blocks": [{"id": "a", "type": "step", "handler": "noop"}]}');
 INSERT INTO ids (name, id)
 SELECT
     'seq' AS name,

@@ -3,8 +3,10 @@ concurrent creators, and one-line errors for definition files."""
 
 from __future__ import annotations
 
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -172,3 +174,84 @@ def test_load_definition_file_of_a_directory(tmp_path):
         load_definition_file(tmp_path)
     assert "\n" not in str(info.value)
     assert "is a directory" in str(info.value)
+
+
+COMPOSITES = json.loads((Path(__file__).parent / "data" / "bad_composites.json").read_text())
+
+
+def test_composite_blocks_are_refused_with_a_precise_problem_each(conn):
+    """Every rule of every composite block, nested ones included, names its JSON path;
+    the expressions and JSON Schemas, parsed in Python, say where they break."""
+    with pytest.raises(InvalidSequence) as info:
+        create(conn, "composites", COMPOSITES)
+    assert [(p["path"], p["message"]) for p in info.value.problems] == [
+        ("$.on_failure", "on_failure must be a non-empty array of blocks"),
+        ("$.blocks[0].branches[0]", "a branch must be a non-empty array of blocks"),
+        ("$.blocks[0].on_branch_failure", "on_branch_failure must be fail or continue"),
+        (
+            "$.blocks[1].branches",
+            "branches is required: an array of 2 to 256 branches, each a non-empty array of blocks",
+        ),
+        ("$.blocks[1].semantics", "semantics must be first_to_resolve or first_to_succeed"),
+        ("$.blocks[2].condition", "condition is required (a non-empty string: an expression)"),
+        ("$.blocks[2].max_iterations", "max_iterations must be an integer from 1 to 100000"),
+        ("$.blocks[2].break_on", "break_on must be a non-empty string (an expression)"),
+        ("$.blocks[3].concurrency", "concurrency must be an integer from 1 to 64"),
+        (
+            "$.blocks[3].item_var",
+            'item_var "data" is taken (data, config, outputs, instance_id, runtime, error,'
+            " iteration are names of their own)",
+        ),
+        (
+            "$.blocks[3].body[0].item_var",
+            '"i" is bound already around this block; give this for_each another name',
+        ),
+        (
+            "$.blocks[3].body[0].body[0].params.x",
+            'template "{{ item.sku }}" has an unknown root "item" (roots: data, config,'
+            " outputs, instance_id, runtime, i, index)",
+        ),
+        (
+            "$.blocks[3].body[0].body[0].params.x",
+            'template "{{ nope.x }}" has an unknown root "nope" (roots: data, config,'
+            " outputs, instance_id, runtime, i, index)",
+        ),
+        ("$.blocks[4].routes[0].extra", "unknown field"),
+        ("$.blocks[4].routes[0].blocks", "blocks must be a non-empty array of blocks"),
+        ("$.blocks[5]", "a try_catch needs catch_block, finally_block or both"),
+        (
+            "$.blocks[6].compensation",
+            "compensation runs only for a step directly inside a saga block",
+        ),
+        ("$.blocks[7].blocks[0].compensation.when", "unknown field"),
+        ("$.blocks[7].blocks[0].compensation.handler", "handler is required (a non-empty string)"),
+        (
+            "$.blocks[8].sequence_name",
+            "sequence_name is required (a sequence name: 1 to 200 characters among"
+            " A-Z a-z 0-9 _ . -)",
+        ),
+        ("$.blocks[8].version", "version must be an integer >= 1"),
+        ("$.blocks[8].input", "input must be a JSON object"),
+        (
+            "$.input_schema",
+            "not a valid JSON Schema at type: 'nope' is not valid under any of the given schemas",
+        ),
+        (
+            "$.blocks[3].body[0].collection",
+            "expression 'item': unknown name 'item' (paths start with one of: data, config,"
+            " runtime, outputs, i; strings need quotes) at position 0",
+        ),
+        (
+            "$.blocks[4].routes[0].condition",
+            "expression 'data.x >': unexpected end of expression at position 8",
+        ),
+        ("$.blocks[9].when", "expression 'data.x ==': unexpected end of expression at position 9"),
+        (
+            "$.blocks[9].retry.retry_if",
+            "expression 'error.code = 1': unexpected '=' (compare with '==') at position 11",
+        ),
+        (
+            "$.blocks[9].output_schema",
+            "not a valid JSON Schema at type: 12 is not valid under any of the given schemas",
+        ),
+    ]

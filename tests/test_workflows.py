@@ -774,7 +774,7 @@ def test_retry_if_decides_from_the_error(conn, runner):
 
 
 @proves(("definition", "input_schema"))
-def test_input_schema_is_checked_when_an_instance_starts(conn, runner):
+def test_input_schema_is_checked_when_an_instance_starts(db_url, conn, runner):
     seq = define(
         conn,
         {
@@ -798,6 +798,29 @@ def test_input_schema_is_checked_when_an_instance_starts(conn, runner):
         conn, tenant_id=TENANT, sequence_id=seq, data={"order": {"id": 1}}
     )
     assert wait_for(conn, [created.id])[created.id] == ("completed", None)
+    # the API answers 422 with the pointer; nothing was started
+    from orch8_py import apikeys
+    from web import create_app
+
+    app = create_app(db_url, secret_key="schema-test")
+    _, secret = apikeys.create(conn, TENANT, "operator", "alice")
+    name = conn.execute("SELECT name FROM orch8.sequences WHERE id = %s", (seq,)).fetchone()[0]
+    try:
+        resp = app.test_client().post(
+            "/api/v1/instances",
+            json={"sequence": name, "data": {"order": 5}},
+            headers={"Authorization": f"Bearer {secret}"},
+        )
+    finally:
+        app.extensions["orch8.pool"].close()
+    assert resp.status_code == 422, resp.get_json()
+    body = resp.get_json()
+    assert (body["field"], body["pointer"]) == ("data", "/order")
+    assert body["schema_error"] == "5 is not of type 'object'"
+    count = conn.execute(
+        "SELECT count(*) FROM orch8.task_instances WHERE sequence_id = %s", (seq,)
+    ).fetchone()[0]
+    assert count == 1
 
 
 @proves(("definition", "on_failure"))

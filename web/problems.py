@@ -60,6 +60,8 @@ FACTS = (
     "problems",
     "block_id",
     "read_by",
+    "pointer",
+    "schema_error",
 )
 
 

@@ -1034,7 +1034,9 @@ SELECT
     CASE WHEN v.state = 'pending' THEN v.next_at END AS verification_next_at,
     r.compensation_path AS awaiting_compensation
 FROM (
-    SELECT q.*, NULL::text AS compensation_path
+    SELECT
+        q.*,
+        NULL::text AS compensation_path
     FROM orch8.effect_receipts AS q
     WHERE
         q.state = 'unknown'
@@ -1047,12 +1049,15 @@ FROM (
     UNION ALL
     -- a step whose compensation's outcome is unknown: did the undo happen? Both receipts
     -- are on the queue
-    SELECT q.*, c.block_id
+    SELECT
+        q.*,
+        c.block_id
     FROM orch8.effect_receipts AS c
-    JOIN orch8.effect_receipts AS q
-        ON q.tenant_id = c.tenant_id AND q.instance_id = c.instance_id
-       AND q.block_id = orch8.compensated_path(c.block_id)
-       AND q.state IN ('committed', 'verified')
+    INNER JOIN orch8.effect_receipts AS q
+        ON
+            c.tenant_id = q.tenant_id AND c.instance_id = q.instance_id
+            AND q.block_id = orch8.compensated_path(c.block_id)
+            AND q.state IN ('committed', 'verified')
     WHERE c.state = 'unknown' AND c.block_id LIKE '%.undo/%'
 ) AS r
 LEFT JOIN orch8.task_instances AS t ON r.tenant_id = t.tenant_id AND r.instance_id = t.id

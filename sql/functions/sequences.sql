@@ -643,7 +643,7 @@ COMMENT ON FUNCTION orch8.sequence_verify_problems(jsonb, text) IS
 'expressions'' syntax is the runner''s (checked by orch8_py before storing).';
 
 CREATE OR REPLACE FUNCTION orch8.sequence_call_problems(
-    p_call jsonb, p_path text, p_roots text []
+    p_call jsonb, p_path text, p_roots text[]
 )
 RETURNS TABLE (path text, message text)
 LANGUAGE plpgsql
@@ -699,14 +699,14 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION orch8.sequence_call_problems(jsonb, text, text []) IS
+COMMENT ON FUNCTION orch8.sequence_call_problems(jsonb, text, text[]) IS
 'Problems of a handler call (a step, or a step''s compensation): handler (required; a '
 'builtin this engine does not run is not supported yet), params (an object; template '
 'problems with the roots p_roots), timeout (positive integer ms), retry (on_ambiguous '
 'same_key only where the provider deduplicates; retry_if a non-empty string).';
 
 CREATE OR REPLACE FUNCTION orch8.sequence_step_problems(
-    p_step jsonb, p_path text, p_roots text [], p_parent_type text
+    p_step jsonb, p_path text, p_roots text[], p_parent_type text
 )
 RETURNS TABLE (path text, message text)
 LANGUAGE plpgsql
@@ -755,7 +755,7 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION orch8.sequence_step_problems(jsonb, text, text [], text) IS
+COMMENT ON FUNCTION orch8.sequence_step_problems(jsonb, text, text[], text) IS
 'Problems of a step block beyond id and type: the handler call (sequence_call_problems, '
 'templates over p_roots), provider_idempotency (a boolean, for a side-effecting '
 'handler), verify (sequence_verify_problems), when (a non-empty string), output_schema '
@@ -782,7 +782,7 @@ COMMENT ON FUNCTION orch8.sequence_list_problems(jsonb, text, boolean) IS
 'array. Internal helper of sequence_composite_problems (the message follows the path).';
 
 CREATE OR REPLACE FUNCTION orch8.sequence_composite_problems(
-    p_block jsonb, p_path text, p_roots text [], p_vars text []
+    p_block jsonb, p_path text, p_roots text[], p_vars text[]
 )
 RETURNS TABLE (path text, message text)
 LANGUAGE plpgsql
@@ -951,7 +951,7 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION orch8.sequence_composite_problems(jsonb, text, text [], text []) IS
+COMMENT ON FUNCTION orch8.sequence_composite_problems(jsonb, text, text[], text[]) IS
 'Problems of a composite block beyond id and type: its fields (language scope = its '
 'type), the fields that hold blocks (non-empty arrays; body, try_block and a saga''s '
 'blocks required), parallel/race branches (1 to branches, a race 2 or more, each '
@@ -964,7 +964,7 @@ COMMENT ON FUNCTION orch8.sequence_composite_problems(jsonb, text, text [], text
 'over p_roots). Expressions are parsed by orch8_py before storing.';
 
 CREATE OR REPLACE FUNCTION orch8.sequence_block_problems(
-    p_block jsonb, p_path text, p_vars text [], p_parent_type text, p_depth integer
+    p_block jsonb, p_path text, p_vars text[], p_parent_type text, p_depth integer
 )
 RETURNS TABLE (path text, message text)
 LANGUAGE plpgsql
@@ -974,6 +974,12 @@ AS $$
 DECLARE
     v_type text;
     v_note text;
+    -- the roots a template may start with here: the language's, then each variable
+    -- bound around the block once
+    v_roots text [] := orch8.template_roots() || ARRAY(
+        SELECT u.v FROM unnest(p_vars) WITH ORDINALITY AS u (v, n)
+        WHERE u.v <> ALL (orch8.template_roots())
+        GROUP BY u.v ORDER BY min(u.n));
 BEGIN
     IF jsonb_typeof(p_block) IS DISTINCT FROM 'object' THEN
         RETURN QUERY SELECT p_path, 'a block must be a JSON object';
@@ -1015,15 +1021,15 @@ BEGIN
         RETURN QUERY SELECT p_path || '.type', format('block type "%s" is %s', v_type, v_note);
     ELSIF v_type = 'step' THEN
         RETURN QUERY SELECT * FROM orch8.sequence_step_problems(
-            p_block, p_path, orch8.template_roots() || p_vars, p_parent_type);
+            p_block, p_path, v_roots, p_parent_type);
     ELSE
         RETURN QUERY SELECT * FROM orch8.sequence_composite_problems(
-            p_block, p_path, orch8.template_roots() || p_vars, p_vars);
+            p_block, p_path, v_roots, p_vars);
     END IF;
 END
 $$;
 
-COMMENT ON FUNCTION orch8.sequence_block_problems(jsonb, text, text [], text, integer) IS
+COMMENT ON FUNCTION orch8.sequence_block_problems(jsonb, text, text[], text, integer) IS
 'Problems of one block at p_path (the blocks inside it are checked on their own): an '
 'object at most nesting_depth deep with an id (non-empty, at most block_id_chars, '
 'matching block_id_pattern) and a type; a type the language knows but this engine does '

@@ -222,7 +222,7 @@ CREATE OR REPLACE FUNCTION orch8.start_list(
     p_path text,
     p_parent text,
     p_block_id text,
-    p_selector text [],
+    p_selector text[],
     p_vars jsonb
 )
 RETURNS void
@@ -241,7 +241,7 @@ END
 $$;
 
 COMMENT ON FUNCTION orch8.start_list(
-    orch8.task_instances, text, text, text, text [], jsonb
+    orch8.task_instances, text, text, text, text[], jsonb
 ) IS
 'Start a list of blocks at p_path (a part, a route, an iteration, on_failure...): the '
 'blocks at p_selector inside block p_block_id (inside the definition when NULL), binding '
@@ -355,7 +355,9 @@ COMMENT ON FUNCTION orch8.end_node(
 'row for templates), error and the child its failure came from, drop its lease, and '
 'apply its parent''s rule (node_ended). A node that ended already is left alone.';
 
-CREATE OR REPLACE FUNCTION orch8.node_ended(p_inst orch8.task_instances, p_node orch8.execution_nodes)
+CREATE OR REPLACE FUNCTION orch8.node_ended(
+    p_inst orch8.task_instances, p_node orch8.execution_nodes
+)
 RETURNS void
 LANGUAGE plpgsql
 AS $$
@@ -1036,7 +1038,7 @@ COMMENT ON FUNCTION orch8.leased_node(text, uuid, uuid) IS
 'The node of an instance that a lease token holds, locked (a row of NULLs when none).';
 
 CREATE OR REPLACE FUNCTION orch8.require_node(
-    p_node orch8.execution_nodes, p_path text, p_kinds text [], p_call text
+    p_node orch8.execution_nodes, p_path text, p_kinds text[], p_call text
 )
 RETURNS void
 LANGUAGE plpgsql
@@ -1057,7 +1059,7 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION orch8.require_node(orch8.execution_nodes, text, text [], text) IS
+COMMENT ON FUNCTION orch8.require_node(orch8.execution_nodes, text, text[], text) IS
 'The node a lease holds must be the one the call names (else O8001, as for a lost lease) '
 'and of a kind the call answers (else O8008).';
 
@@ -1394,25 +1396,31 @@ SELECT
 FROM orch8.execution_nodes AS n
 LEFT JOIN LATERAL (
     SELECT b.attempt FROM orch8.block_outputs AS b
-    WHERE b.tenant_id = n.tenant_id AND b.instance_id = n.instance_id AND b.block_id = n.path
-      AND n.kind IN ('step', 'compensation', 'sub_sequence')
+    WHERE
+        b.tenant_id = n.tenant_id AND b.instance_id = n.instance_id AND b.block_id = n.path
+        AND n.kind IN ('step', 'compensation', 'sub_sequence')
     ORDER BY b.seq DESC LIMIT 1
 ) AS o ON true
 LEFT JOIN LATERAL (
-    SELECT e.id, e.state FROM orch8.effect_receipts AS e
+    SELECT
+        e.id,
+        e.state
+    FROM orch8.effect_receipts AS e
     WHERE e.tenant_id = n.tenant_id AND e.instance_id = n.instance_id AND e.block_id = n.path
     ORDER BY e.attempt DESC, e.created_at DESC LIMIT 1
 ) AS r ON true
 LEFT JOIN LATERAL (
     SELECT b.output FROM orch8.block_outputs AS b
-    WHERE b.tenant_id = n.tenant_id AND b.instance_id = n.instance_id AND b.block_id = n.path
-      AND b.sentinel IS NULL
+    WHERE
+        b.tenant_id = n.tenant_id AND b.instance_id = n.instance_id AND b.block_id = n.path
+        AND b.sentinel IS NULL
     ORDER BY b.seq DESC LIMIT 1
 ) AS v ON true;
 
 COMMENT ON VIEW orch8.execution_tree IS
 'Each node of each instance''s execution tree with what an operator reads beside it: the '
 'latest attempt of a step (or sub_sequence), its latest receipt and that receipt''s '
-'state, its output (the latest), why it was cancelled, its child instance and its lease. What the API, the CLI '
+'state, its output (the latest), why it was cancelled, its child instance and its lease. '
+'What the API, the CLI '
 'and the console draw as a tree (parent_path links a node to its parent; '
 'ORDER BY created_at, path gives the order things started).';

@@ -486,5 +486,6 @@ COMMENT ON FUNCTION orch8.record_verification(
 'or blocked, its latest row __unsettled__ for it) it goes on as the step '
 'says: verify.on_verified continue (default; continue_settled_step) or stop, '
 'verify.on_not_applied retry (default, while retry.max_attempts allows) or stop; stopping '
-'blocks the step''s node with the reason (the instance fails when nothing else runs). Returns the receipt''s new state (or inconclusive, escalated, '
+'blocks the step''s node with the reason (the instance fails when nothing else runs). '
+'Returns the receipt''s new state (or inconclusive, escalated, '
 'stale), the instance''s state and a detail.';

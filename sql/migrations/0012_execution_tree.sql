@@ -58,8 +58,8 @@ CREATE FUNCTION orch8.definition_blocks_under(
     p_parent_id text,
     p_depth integer,
     p_at text,
-    p_vars text [],
-    p_sort_key integer []
+    p_vars text[],
+    p_sort_key integer[]
 )
 RETURNS TABLE (
     block_id text,
@@ -68,8 +68,8 @@ RETURNS TABLE (
     parent_type text,
     depth integer,
     json_path text,
-    scope_vars text [],
-    sort_key integer [],
+    scope_vars text[],
+    sort_key integer[],
     definition jsonb
 )
 LANGUAGE plpgsql
@@ -143,7 +143,7 @@ END
 $$;
 
 COMMENT ON FUNCTION orch8.definition_blocks_under(
-    jsonb, text, text, integer, text, text [], integer []
+    jsonb, text, text, integer, text, text[], integer[]
 ) IS
 'definition_blocks'' walk below one holder (the definition, or a block of type p_type), '
 'in document order.';
@@ -156,8 +156,8 @@ RETURNS TABLE (
     parent_type text,
     depth integer,
     json_path text,
-    scope_vars text [],
-    sort_key integer [],
+    scope_vars text[],
+    sort_key integer[],
     definition jsonb
 )
 LANGUAGE sql
@@ -285,9 +285,17 @@ CREATE TRIGGER sequences_index_blocks
 AFTER INSERT ON orch8.sequences
 FOR EACH ROW EXECUTE FUNCTION orch8.sequences_index_blocks();
 
-INSERT INTO orch8.sequence_blocks (tenant_id, sequence_id, block_id, type, parent_id, depth, definition)
+INSERT INTO orch8.sequence_blocks (
+    tenant_id, sequence_id, block_id, type, parent_id, depth, definition
+)
 SELECT DISTINCT ON (s.tenant_id, s.id, b.block_id)
-    s.tenant_id, s.id, b.block_id, b.type, b.parent_id, b.depth, b.definition
+    s.tenant_id,
+    s.id,
+    b.block_id,
+    b.type,
+    b.parent_id,
+    b.depth,
+    b.definition
 FROM orch8.sequences AS s
 CROSS JOIN LATERAL orch8.definition_blocks(s.definition) AS b
 WHERE b.block_id IS NOT NULL AND b.block_id <> ''
@@ -376,9 +384,9 @@ CREATE TABLE orch8.execution_nodes (
     path text NOT NULL,
     parent_path text,
     block_id text,
-    kind text NOT NULL CHECK (kind = ANY (orch8.node_kinds())),
+    kind text NOT NULL CHECK (kind = any(orch8.node_kinds())),
     state orch8.node_state NOT NULL,
-    selector text [],
+    selector text[],
     position integer NOT NULL DEFAULT 0,
     items jsonb,
     vars jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(vars) = 'object'),
@@ -490,7 +498,12 @@ DROP INDEX orch8.task_instances_due_idx;
 
 -- In flight, the running ones keep their lease on their node (below), so copy it first.
 CREATE TEMPORARY TABLE upgrade_leases ON COMMIT DROP AS
-SELECT t.tenant_id, t.id, t.lease_owner, t.lease_token, t.lease_expires_at
+SELECT
+    t.tenant_id,
+    t.id,
+    t.lease_owner,
+    t.lease_token,
+    t.lease_expires_at
 FROM orch8.task_instances AS t
 WHERE t.state = 'running';
 
@@ -573,8 +586,10 @@ COMMENT ON FUNCTION orch8.instance_can_transition(orch8.instance_state, orch8.in
 -- Rows the tree writes besides a step's results
 ALTER TABLE orch8.block_outputs DROP CONSTRAINT block_outputs_sentinel_check;
 ALTER TABLE orch8.block_outputs ADD CONSTRAINT block_outputs_sentinel_check
-CHECK (sentinel IN ('__in_progress__', '__retry__', '__error__', '__unsettled__',
-                    '__skipped__', '__decision__'));
+CHECK (sentinel IN (
+    '__in_progress__', '__retry__', '__error__', '__unsettled__',
+    '__skipped__', '__decision__'
+));
 
 COMMENT ON COLUMN orch8.block_outputs.block_id IS
 'The path of the node that wrote the row (a top-level block''s is its id): every '
@@ -661,10 +676,14 @@ COMMENT ON FUNCTION orch8.block_default(text) IS 'One value of orch8.block_defau
 
 -- Signatures sql/functions/ now defines differently ------------------------------------------
 
-DROP FUNCTION IF EXISTS orch8.finish_step(text, uuid, uuid, text, integer, uuid, text, jsonb, text, interval);
+DROP FUNCTION IF EXISTS orch8.finish_step(
+    text, uuid, uuid, text, integer, uuid, text, jsonb, text, interval
+);
 DROP FUNCTION IF EXISTS orch8.claim_work(text, integer, interval);
 DROP FUNCTION IF EXISTS orch8.claim_due_instances(text, integer, interval);
-DROP FUNCTION IF EXISTS orch8.create_instance(text, uuid, jsonb, jsonb, integer, text, timestamptz, uuid);
+DROP FUNCTION IF EXISTS orch8.create_instance(
+    text, uuid, jsonb, jsonb, integer, text, timestamptz, uuid
+);
 DROP FUNCTION IF EXISTS orch8.apply_requested_state(text, uuid, orch8.instance_state);
 DROP FUNCTION IF EXISTS orch8.next_block_id(text, uuid, text);
 DROP FUNCTION IF EXISTS orch8.first_block_id(text, uuid);
@@ -719,13 +738,26 @@ INSERT INTO orch8.execution_nodes (
     priority, next_fire_at, created_at, updated_at
 )
 SELECT
-    t.tenant_id, t.id, '', NULL, NULL, 'sequence', 'running', ARRAY['blocks'],
+    t.tenant_id,
+    t.id AS instance_id,
+    '' AS path,
+    NULL AS parent_path,
+    NULL AS block_id,
+    'sequence' AS kind,
+    'running' AS state,
+    ARRAY['blocks'] AS selector,
     coalesce((
-        SELECT e.n - 1 FROM jsonb_array_elements(s.definition -> 'blocks') WITH ORDINALITY AS e (value, n)
-        WHERE e.value ->> 'id' = t.current_block LIMIT 1), 0),
-    t.priority, t.next_fire_at, t.created_at, orch8.now()
+        SELECT e.n - 1
+        FROM jsonb_array_elements(s.definition -> 'blocks') WITH ORDINALITY AS e (value, n)
+        WHERE e.value ->> 'id' = t.current_block
+        ORDER BY e.n LIMIT 1
+    ), 0) AS position,
+    t.priority,
+    t.next_fire_at,
+    t.created_at,
+    orch8.now() AS updated_at
 FROM orch8.task_instances AS t
-JOIN orch8.sequences AS s ON s.tenant_id = t.tenant_id AND s.id = t.sequence_id
+INNER JOIN orch8.sequences AS s ON t.tenant_id = s.tenant_id AND t.sequence_id = s.id
 WHERE t.state NOT IN ('completed', 'cancelled');
 
 INSERT INTO orch8.execution_nodes (
@@ -733,7 +765,12 @@ INSERT INTO orch8.execution_nodes (
     lease_owner, lease_token, lease_expires_at, error, created_at, updated_at
 )
 SELECT
-    t.tenant_id, t.id, b.id, '', b.id, 'step',
+    t.tenant_id,
+    t.id AS instance_id,
+    b.id AS path,
+    '' AS parent_path,
+    b.id AS block_id,
+    'step' AS kind,
     CASE
         WHEN t.state = 'running' THEN 'running'
         WHEN t.state IN ('scheduled', 'paused') THEN 'ready'
@@ -741,16 +778,22 @@ SELECT
         WHEN last.sentinel = '__unsettled__' THEN 'blocked'
         WHEN t.state = 'waiting' THEN 'waiting'
         ELSE 'failed'
-    END::orch8.node_state,
-    t.priority, t.next_fire_at,
-    l.lease_owner, l.lease_token, l.lease_expires_at,
-    CASE WHEN t.state = 'failed' THEN t.error END, t.created_at, orch8.now()
+    END::orch8.node_state AS state,
+    t.priority,
+    t.next_fire_at,
+    l.lease_owner,
+    l.lease_token,
+    l.lease_expires_at,
+    CASE WHEN t.state = 'failed' THEN t.error END AS error,
+    t.created_at,
+    orch8.now() AS updated_at
 FROM orch8.task_instances AS t
-JOIN orch8.sequences AS s ON s.tenant_id = t.tenant_id AND s.id = t.sequence_id
-CROSS JOIN LATERAL (
-    SELECT coalesce(t.current_block, s.definition -> 'blocks' -> 0 ->> 'id') AS id
-) AS b
-LEFT JOIN upgrade_leases AS l ON l.tenant_id = t.tenant_id AND l.id = t.id
+INNER JOIN orch8.sequences AS s ON t.tenant_id = s.tenant_id AND t.sequence_id = s.id
+CROSS JOIN
+    LATERAL (
+        SELECT coalesce(t.current_block, s.definition -> 'blocks' -> 0 ->> 'id') AS id
+    ) AS b
+LEFT JOIN upgrade_leases AS l ON t.tenant_id = l.tenant_id AND t.id = l.id
 LEFT JOIN LATERAL (
     SELECT o.sentinel FROM orch8.block_outputs AS o
     WHERE o.tenant_id = t.tenant_id AND o.instance_id = t.id AND o.block_id = b.id
@@ -763,5 +806,6 @@ WHERE t.state NOT IN ('completed', 'cancelled') AND b.id IS NOT NULL;
 UPDATE orch8.execution_nodes AS r
 SET state = 'failed', failed_child = c.path, error = c.error
 FROM orch8.execution_nodes AS c
-WHERE r.path = '' AND c.tenant_id = r.tenant_id AND c.instance_id = r.instance_id
-  AND c.parent_path = '' AND c.state = 'failed';
+WHERE
+    r.path = '' AND c.tenant_id = r.tenant_id AND c.instance_id = r.instance_id
+    AND c.parent_path = '' AND c.state = 'failed';

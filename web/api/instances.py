@@ -159,9 +159,7 @@ def outputs(path: InstancePath) -> OutputList:
 
 
 @bp.get("/instances/<instance_id>/tree")
-@operation(
-    roles=OPERATOR, ok={200: TreeList}, errors=READ, tag=TAG, operation_id="getInstanceTree"
-)
+@operation(roles=OPERATOR, ok={200: TreeList}, errors=READ, tag=TAG, operation_id="getInstanceTree")
 def tree(path: InstancePath) -> TreeList:
     """The instance's execution tree (orch8.execution_tree): every node, in the order it
     started, with its state, attempt, latest receipt and output; parent_path links it to
