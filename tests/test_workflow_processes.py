@@ -2,11 +2,15 @@
 fault point inside a parallel branch, a for_each iteration and a saga's compensation
 (every request the provider saw arrived once; the crashed node's receipt is unknown and
 blocks only its own branch; resolving it and retrying finishes the instance), and two
-runner processes sharing the branches of one instance."""
+runner processes sharing the branches of one instance. The chaos run (`make chaos` raises
+ORCH8_CHAOS_TREE_INSTANCES and ORCH8_CHAOS_TREE_KILLS) pushes a sequence of parallel,
+for_each and saga through two runners while one of them is killed again and again."""
 
 from __future__ import annotations
 
 import collections
+import os
+import random
 import re
 import signal
 import time
@@ -18,6 +22,9 @@ from tests.http_provider import Provider
 from tests.runner_helpers import TENANT, make_sequence, spawn_runner, start, wait_for
 
 FAST_LEASE = {"ORCH8_LEASE_SECONDS": "2", "ORCH8_HEARTBEAT_SECONDS": "0.5"}
+# `make chaos` raises these; `make test` runs the short variant
+TREE_INSTANCES = int(os.environ.get("ORCH8_CHAOS_TREE_INSTANCES", "30"))
+TREE_KILLS = int(os.environ.get("ORCH8_CHAOS_TREE_KILLS", "3"))
 
 
 @pytest.fixture
@@ -218,3 +225,134 @@ def test_two_runner_processes_share_the_branches_of_one_instance(
             (instance,),
         ).fetchone()
         assert owners == (0,)  # no lease left behind
+
+
+def chaos_sequence(conn, url: str, saga_fails: bool) -> object:
+    """parallel(for_each(charge per item), saga(book with unbook, ship or a failure))."""
+    item = post("charge", url + "/item")
+    item["params"]["json"] = {"n": "{{ instance_id }}", "item": "{{ item }}"}
+    book = post(
+        "book",
+        url + "/book",
+        compensation={
+            "handler": "http_request",
+            "params": {"method": "POST", "url": url + "/unbook"},
+        },
+    )
+    last = (
+        {"type": "step", "id": "ship", "handler": "fail"}
+        if saga_fails
+        else post("ship", url + "/ship")
+    )
+    return make_sequence(
+        conn,
+        [
+            {
+                "type": "parallel",
+                "id": "fan",
+                "branches": [
+                    [
+                        {
+                            "type": "for_each",
+                            "id": "items",
+                            "collection": "data.items",
+                            "concurrency": 2,
+                            "body": [item],
+                        }
+                    ],
+                    [{"type": "saga", "id": "trip", "blocks": [book, last]}],
+                ],
+            },
+            post("notify", url + "/notify"),
+        ],
+    )
+
+
+def test_chaos_a_tree_of_blocks_through_runners_killed_again_and_again(
+    db_url, conn, provider_proc, tmp_path
+):
+    url = provider_proc.url
+    for path in ("/item", "/book", "/unbook", "/ship", "/notify"):
+        provider_proc.always(path, json={"receipt_id": "ok"}, delay=0.05)
+    ok_seq, failing_seq = chaos_sequence(conn, url, False), chaos_sequence(conn, url, True)
+    instances = {
+        start(conn, failing_seq if i % 5 == 0 else ok_seq, {"items": [1, 2, 3]}): i % 5 == 0
+        for i in range(TREE_INSTANCES)
+    }
+    steady = spawn_runner(db_url, tmp_path / "steady.log", ORCH8_CONCURRENCY="4", **FAST_LEASE)
+    rng = random.Random(11)
+    logs = []
+    try:
+        for n in range(TREE_KILLS):  # a runner killed at a random moment, then a new one
+            logs.append(tmp_path / f"victim{n}.log")
+            victim = spawn_runner(db_url, logs[-1], ORCH8_CONCURRENCY="4", **FAST_LEASE)
+            deadline = time.monotonic() + 60
+            while "event=step.done" not in logs[-1].read_text():  # it is working
+                assert time.monotonic() < deadline and victim.poll() is None, logs[-1].read_text()
+                time.sleep(0.005)
+            seen = len(provider_proc.requests)
+            while len(provider_proc.requests) < seen + rng.randint(2, 12):
+                assert time.monotonic() < deadline, logs[-1].read_text()[-3000:]
+                time.sleep(0.005)
+            victim.send_signal(signal.SIGKILL)
+            victim.wait(timeout=10)
+        states = wait_for(conn, list(instances), timeout=120 + TREE_INSTANCES)
+    finally:
+        assert stop(steady) == 0, (tmp_path / "steady.log").read_text()[-3000:]
+    # every effect reached the provider at most once, whichever runner died where
+    sent = keys_sent(provider_proc)
+    assert max(sent.values()) == 1, [k for k, c in sent.items() if c > 1]
+    receipts = {
+        str(i): (s, b)
+        for i, s, b in conn.execute(
+            "SELECT id, state::text, block_id FROM orch8.effect_receipts"
+            " WHERE instance_id = ANY(%s)",
+            (list(instances),),
+        ).fetchall()
+    }
+    assert set(sent) <= set(receipts)  # nothing was sent without its receipt first
+    outcomes: collections.Counter = collections.Counter()
+    for instance, saga_fails in instances.items():
+        state, error = states[instance]
+        mine = conn.execute(
+            "SELECT block_id, state::text FROM orch8.effect_receipts WHERE instance_id = %s",
+            (instance,),
+        ).fetchall()
+        if state == "failed" and error.startswith("EffectBlocked"):
+            # a crash in the middle of a dispatch: that receipt waits for an operator
+            blocking = conn.execute(
+                "SELECT count(*) FROM orch8.unresolved_effects WHERE instance_id = %s AND blocking",
+                (instance,),
+            ).fetchone()[0]
+            assert blocking >= 1, (instance, mine)
+            outcomes["blocked"] += 1
+        elif saga_fails:
+            assert state == "failed" and error.startswith("saga trip compensated"), error
+            assert ("fan#1/trip/book", "compensated") in mine, mine
+            outcomes["compensated"] += 1
+        else:
+            assert (state, error) == ("completed", None)
+            paths = sorted(b for b, s in mine if s == "committed")
+            assert paths == [
+                "fan#0/items[0]/charge",
+                "fan#0/items[1]/charge",
+                "fan#0/items[2]/charge",
+                "fan#1/trip/book",
+                "fan#1/trip/ship",
+                "notify",
+            ], mine
+            outcomes["completed"] += 1
+    # no step that completed ran again: one committed receipt per node path at most
+    committed = collections.Counter(
+        (str(i), b)
+        for i, b in conn.execute(
+            "SELECT instance_id, block_id FROM orch8.effect_receipts"
+            " WHERE instance_id = ANY(%s) AND state IN ('committed', 'compensated')",
+            (list(instances),),
+        ).fetchall()
+    )
+    assert max(committed.values()) == 1
+    print(
+        f"\nchaos tree: {TREE_INSTANCES} instances, {TREE_KILLS} runner(s) killed;"
+        f" {dict(outcomes)}; {len(sent)} request(s), none twice"
+    )
