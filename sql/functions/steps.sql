@@ -411,18 +411,7 @@ CREATE OR REPLACE FUNCTION orch8.finish_step(
     p_retry_in interval DEFAULT NULL,
     p_error_code text DEFAULT NULL
 )
-RETURNS TABLE (
-    state orch8.instance_state,
-    next_block text,
-    next_attempt integer,
-    next_block_id text,
-    next_kind text,
-    next_position integer,
-    next_phase text,
-    next_child_instance_id uuid,
-    next_vars jsonb,
-    progress jsonb
-)
+RETURNS SETOF orch8.tree_answer
 LANGUAGE plpgsql
 AS $$
 DECLARE

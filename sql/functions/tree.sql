@@ -973,18 +973,7 @@ CREATE OR REPLACE FUNCTION orch8.node_answer(
     p_actor text,
     p_reason text DEFAULT NULL
 )
-RETURNS TABLE (
-    state orch8.instance_state,
-    next_block text,
-    next_attempt integer,
-    next_block_id text,
-    next_kind text,
-    next_position integer,
-    next_phase text,
-    next_child_instance_id uuid,
-    next_vars jsonb,
-    progress jsonb
-)
+RETURNS SETOF orch8.tree_answer
 LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -1099,18 +1088,7 @@ CREATE OR REPLACE FUNCTION orch8.decide(
     p_value jsonb,
     p_error text DEFAULT NULL
 )
-RETURNS TABLE (
-    state orch8.instance_state,
-    next_block text,
-    next_attempt integer,
-    next_block_id text,
-    next_kind text,
-    next_position integer,
-    next_phase text,
-    next_child_instance_id uuid,
-    next_vars jsonb,
-    progress jsonb
-)
+RETURNS SETOF orch8.tree_answer
 LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -1140,6 +1118,14 @@ BEGIN
             CASE v_asking WHEN 'collection' THEN 'JSON array'
                           WHEN 'route' THEN 'route index or null' ELSE 'boolean' END,
             coalesce(jsonb_typeof(p_value), 'NULL')
+            USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'value')::text;
+    END IF;
+    -- a route is named by one index only (tier.route1), so refuse any other number
+    IF p_error IS NULL AND v_asking = 'route' AND jsonb_typeof(p_value) = 'number'
+       AND (p_value::text !~ '^[0-9]+$'
+            OR p_value::text::numeric >= jsonb_array_length(v_block -> 'routes')) THEN
+        RAISE EXCEPTION 'router % has routes 0 to %, got %', p_path,
+            jsonb_array_length(v_block -> 'routes') - 1, p_value::text
             USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'value')::text;
     END IF;
     PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_path, v_node.position,
@@ -1192,8 +1178,7 @@ BEGIN
                 PERFORM orch8.start_iteration(v_inst, p_path, v_block);
             END LOOP;
         END IF;
-    ELSIF jsonb_typeof(p_value) = 'number'
-          AND jsonb_typeof(v_block -> 'routes' -> (p_value::text::integer)) = 'object' THEN
+    ELSIF jsonb_typeof(p_value) = 'number' THEN
         PERFORM orch8.start_list(v_inst, p_path || '.route' || p_value::text, p_path,
             v_node.block_id, ARRAY['routes', p_value::text, 'blocks'], '{}');
     ELSIF jsonb_typeof(v_block -> 'default') = 'array' THEN
@@ -1232,18 +1217,7 @@ CREATE OR REPLACE FUNCTION orch8.run_child(
     p_input jsonb,
     p_error text DEFAULT NULL
 )
-RETURNS TABLE (
-    state orch8.instance_state,
-    next_block text,
-    next_attempt integer,
-    next_block_id text,
-    next_kind text,
-    next_position integer,
-    next_phase text,
-    next_child_instance_id uuid,
-    next_vars jsonb,
-    progress jsonb
-)
+RETURNS SETOF orch8.tree_answer
 LANGUAGE plpgsql
 AS $$
 DECLARE

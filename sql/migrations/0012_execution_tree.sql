@@ -311,6 +311,26 @@ CREATE TYPE orch8.node_state AS ENUM (
 COMMENT ON TYPE orch8.node_state IS
 'States of an execution node; moves are limited to orch8.node_can_transition().';
 
+-- What finish_step, decide and run_child answer, declared once.
+CREATE TYPE orch8.tree_answer AS (
+    state orch8.instance_state,
+    next_block text,
+    next_attempt integer,
+    next_block_id text,
+    next_kind text,
+    next_position integer,
+    next_phase text,
+    next_child_instance_id uuid,
+    next_vars jsonb,
+    progress jsonb
+);
+
+COMMENT ON TYPE orch8.tree_answer IS
+'A runner call''s answer (finish_step, decide, run_child, built by node_answer): the '
+'instance''s state and, when a node was handed over under the same lease, that node: '
+'path, attempt, block id, kind, position, what it asks for, its child instance, its '
+'variables, and the instance''s outputs (NULL when the caller has seen them).';
+
 CREATE FUNCTION orch8.node_can_transition(p_from orch8.node_state, p_to orch8.node_state)
 RETURNS boolean
 LANGUAGE sql
