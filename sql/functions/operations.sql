@@ -337,6 +337,10 @@ AS $$
 DECLARE
     v_node orch8.execution_nodes := orch8.lock_node(p_inst.tenant_id, p_inst.id, p_path);
     v_parent orch8.execution_nodes;
+    v_lists text [];
+    v_path text;
+    v_list orch8.execution_nodes;
+    v_child orch8.execution_nodes;
 BEGIN
     -- the node itself runs again (its caller says how); each failed ancestor it failed
     -- reopens, with the branches its failure cancelled
@@ -355,23 +359,50 @@ BEGIN
           AND n.path = v_parent.path;
         -- what this failure cancelled goes on from where it stopped (a sub_sequence whose
         -- child was cancelled starts a new one)
+        -- (a node stopped under its lease ended cancelled from running, with no state
+        -- kept: it never started its work, so it is ready again)
+        WITH restored AS (
         UPDATE orch8.execution_nodes AS n
         SET state = CASE WHEN n.state_before_cancel = 'waiting' AND n.kind = 'sub_sequence'
-                         THEN 'ready' ELSE n.state_before_cancel END,
+                         THEN 'ready' ELSE coalesce(n.state_before_cancel, 'ready') END,
             child_instance_id = CASE WHEN n.kind = 'sub_sequence' THEN NULL
                                      ELSE n.child_instance_id END,
             next_fire_at = orch8.now(), cancel_reason = NULL, state_before_cancel = NULL,
+            cancel_requested = false,
             ended_at = NULL, updated_at = orch8.now()
         WHERE n.tenant_id = p_inst.tenant_id AND n.instance_id = p_inst.id
           AND orch8.in_subtree(n.path, v_parent.path) AND n.state = 'cancelled'
           AND n.cancel_reason IN (format('branch %s failed', v_node.path),
-                                  format('item %s failed', v_node.path));
+                                  format('item %s failed', v_node.path))
+        RETURNING n.path, n.kind
+        )
+        SELECT coalesce(array_agg(r.path ORDER BY length(r.path) DESC, r.path), '{}')
+        INTO v_lists FROM restored AS r WHERE r.kind IN ('sequence', 'saga');
         UPDATE orch8.execution_nodes AS n
         SET cancel_requested = false, cancel_reason = NULL, updated_at = orch8.now()
         WHERE n.tenant_id = p_inst.tenant_id AND n.instance_id = p_inst.id
           AND orch8.in_subtree(n.path, v_parent.path) AND n.cancel_requested
           AND n.cancel_reason IN (format('branch %s failed', v_node.path),
                                   format('item %s failed', v_node.path));
+        -- a list whose block ended while it was cancelled (a step that finished late, its
+        -- result recorded) takes that end now, as it would have then (node_ended: the next
+        -- block, or the list's failure); the innermost first, each re-read
+        FOREACH v_path IN ARRAY v_lists LOOP
+            v_list := orch8.lock_node(p_inst.tenant_id, p_inst.id, v_path);
+            CONTINUE WHEN v_list.state <> 'running' OR EXISTS (
+                SELECT 1 FROM orch8.execution_nodes AS c
+                WHERE c.tenant_id = p_inst.tenant_id AND c.instance_id = p_inst.id
+                  AND c.parent_path = v_path
+                  AND c.state IN ('ready', 'running', 'waiting', 'blocked'));
+            SELECT c.* INTO v_child FROM orch8.execution_nodes AS c
+            WHERE c.tenant_id = p_inst.tenant_id AND c.instance_id = p_inst.id
+              AND c.parent_path = v_path
+            ORDER BY c.ended_at DESC NULLS LAST, c.created_at DESC
+            LIMIT 1;
+            IF v_child.path IS NOT NULL THEN
+                PERFORM orch8.node_ended(p_inst, v_child);
+            END IF;
+        END LOOP;
         v_node := v_parent;
     END LOOP;
 END
@@ -381,7 +412,8 @@ COMMENT ON FUNCTION orch8.reopen_failure(orch8.task_instances, text) IS
 'Undo a failure for an operator''s retry: the failed node at p_path and every ancestor '
 'its failure failed (failed_child) run again, and what that failure cancelled (the other '
 'branches of a parallel, the other items of a for_each) goes on from where it stopped: '
-'each node back to the state it had, a leased one no longer asked to stop.';
+'each node back to the state it had (ready for one stopped before its work began), a '
+'leased one no longer asked to stop, and a list whose block ended meanwhile moves on.';
 
 CREATE OR REPLACE FUNCTION orch8.retry_instance(
     p_tenant_id text, p_instance_id uuid, p_actor text, p_output jsonb DEFAULT NULL

@@ -633,8 +633,15 @@ BEGIN
     IF v_has_finally THEN
         UPDATE orch8.execution_nodes AS n SET items = v_outcome, updated_at = orch8.now()
         WHERE n.tenant_id = p_inst.tenant_id AND n.instance_id = p_inst.id AND n.path = p_try.path;
+        -- error: the try's failure (also after a catch handled it), else what is bound
+        -- around the block (an on_failure's), else null
+        v_error := coalesce(
+            v_error,
+            CASE WHEN p_part.path = p_try.path || '.catch' THEN p_part.vars -> 'error' END,
+            orch8.node_vars(p_inst.tenant_id, p_inst.id, p_try.path) -> 'error',
+            'null');
         PERFORM orch8.start_list(p_inst, p_try.path || '.finally', p_try.path, p_try.block_id,
-            ARRAY['finally_block'], jsonb_build_object('error', coalesce(v_error, p_try.vars -> 'error', 'null')));
+            ARRAY['finally_block'], jsonb_build_object('error', v_error));
         RETURN;
     END IF;
     PERFORM orch8.end_node(p_inst, p_try.path, p_part.state, v_outcome -> 'output',
@@ -646,7 +653,8 @@ COMMENT ON FUNCTION orch8.try_catch_part_ended(
     orch8.task_instances, orch8.execution_nodes, jsonb, orch8.execution_nodes
 ) IS
 'try_catch''s rule: a failed .try starts .catch with {{ error }} bound (node_error); '
-'after .try or .catch, .finally runs (with the error, when there was one) and the block '
+'after .try or .catch, .finally runs with {{ error }} the try''s failure (also when a '
+'catch handled it), else the error bound around the block, else null; the block '
 'then ends as that part did; without a finally it ends at once. A failed finally fails '
 'the block with its own error.';
 
