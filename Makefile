@@ -40,7 +40,7 @@ plpgsql-check: $(STAMP)
 
 pytest: $(STAMP)
 	@echo "== pytest"
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
 
 ## rules: regenerate orch8_py/rules.py from a freshly migrated database (after SQL changes)
 rules: $(STAMP)
