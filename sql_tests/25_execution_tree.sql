@@ -9,126 +9,8 @@ BEGIN;
 SELECT plan(115);
 SELECT set_config('orch8.fake_now', '2030-01-01 00:00:00+00', true);
 
--- Fixtures ---------------------------------------------------------------------------
--- names: every sequence and instance by a name. A node's token is read from the node
--- (finish_step hands the next node over under the same token).
-CREATE TEMP TABLE names (name text PRIMARY KEY, id uuid NOT NULL);
-
-CREATE FUNCTION pg_temp.id(p_name text)
-RETURNS uuid
-LANGUAGE sql
-AS $$ SELECT n.id FROM names AS n WHERE n.name = p_name $$;
-
-CREATE FUNCTION pg_temp.seq(p_name text, p_definition jsonb)
-RETURNS void
-LANGUAGE sql
-AS $$
-    INSERT INTO names (name, id)
-    SELECT p_name, s.id FROM orch8.create_sequence('tree', 'tap', p_name, p_definition) AS s
-$$;
-
-CREATE FUNCTION pg_temp.new(
-    p_name text, p_seq text, p_data jsonb DEFAULT '{}', p_config jsonb DEFAULT '{}',
-    p_priority integer DEFAULT 0
-)
-RETURNS void
-LANGUAGE sql
-AS $$
-    INSERT INTO names (name, id)
-    SELECT p_name, c.id
-    FROM orch8.create_instance('tree', pg_temp.id(p_seq), p_data, p_config, p_priority) AS c
-$$;
-
--- claim due nodes; answers name:path of each, in path order
-CREATE FUNCTION pg_temp.claim(p_batch integer DEFAULT 10)
-RETURNS SETOF text
-LANGUAGE sql
-AS $$
-    SELECT coalesce(n.name, c.instance_id::text) || ':' || c.path
-    FROM orch8.claim_due_nodes('tree-runner', p_batch, '1 hour') AS c
-    LEFT JOIN names AS n ON c.instance_id = n.id
-    ORDER BY 1
-$$;
-
-CREATE FUNCTION pg_temp.node(p_name text, p_path text)
-RETURNS orch8.execution_nodes
-LANGUAGE sql
-AS $$
-    SELECT n.* FROM orch8.execution_nodes AS n
-    WHERE n.tenant_id = 'tree' AND n.instance_id = pg_temp.id(p_name) AND n.path = p_path
-$$;
-
-CREATE FUNCTION pg_temp.tok(p_name text, p_path text)
-RETURNS uuid
-LANGUAGE sql
-AS $$ SELECT (pg_temp.node(p_name, p_path)).lease_token $$;
-
--- an instance's tree: path, parent, kind, state
-CREATE FUNCTION pg_temp.tree(p_name text)
-RETURNS TABLE (path text, parent_path text, kind text, state text)
-LANGUAGE sql
-AS $$
-    SELECT n.path, n.parent_path, n.kind, n.state::text FROM orch8.execution_nodes AS n
-    WHERE n.tenant_id = 'tree' AND n.instance_id = pg_temp.id(p_name)
-    ORDER BY n.path
-$$;
-
-CREATE FUNCTION pg_temp.state(p_name text)
-RETURNS text
-LANGUAGE sql
-AS $$
-    SELECT t.state::text FROM orch8.task_instances AS t
-    WHERE t.tenant_id = 'tree' AND t.id = pg_temp.id(p_name)
-$$;
-
-CREATE FUNCTION pg_temp.receipt(p_name text, p_path text)
-RETURNS orch8.effect_receipts
-LANGUAGE sql
-AS $$
-    SELECT r.* FROM orch8.effect_receipts AS r
-    WHERE r.tenant_id = 'tree' AND r.instance_id = pg_temp.id(p_name) AND r.block_id = p_path
-    ORDER BY r.attempt DESC
-    LIMIT 1
-$$;
-
-CREATE FUNCTION pg_temp.begin(p_name text, p_path text, p_handler text)
-RETURNS text
-LANGUAGE sql
-AS $$
-    SELECT (orch8.begin_step(
-        'tree', pg_temp.id(p_name), pg_temp.tok(p_name, p_path), p_path, p_handler,
-        jsonb_build_object('path', p_path),
-        orch8.compute_attempt('tree', pg_temp.id(p_name), p_path)
-    )).outcome
-$$;
-
--- finish a step under its node's lease, with its receipt when it began one
-CREATE FUNCTION pg_temp.finish(
-    p_name text, p_path text, p_result text, p_output jsonb, p_error text DEFAULT NULL
-)
-RETURNS TABLE (state text, next_block text, next_vars jsonb)
-LANGUAGE sql
-AS $$
-    SELECT f.state::text, f.next_block, f.next_vars FROM orch8.finish_step(
-        'tree', pg_temp.id(p_name), pg_temp.tok(p_name, p_path), p_path,
-        orch8.compute_attempt('tree', pg_temp.id(p_name), p_path),
-        (pg_temp.receipt(p_name, p_path)).id, p_result, p_output, p_error
-    ) AS f
-$$;
-
-CREATE FUNCTION pg_temp.decide(
-    p_name text, p_path text, p_value jsonb, p_error text DEFAULT NULL
-)
-RETURNS TABLE (
-    state text, next_block text, next_kind text, next_phase text, next_position integer,
-    next_vars jsonb
-)
-LANGUAGE sql
-AS $$
-    SELECT d.state::text, d.next_block, d.next_kind, d.next_phase, d.next_position, d.next_vars
-    FROM orch8.decide('tree', pg_temp.id(p_name), pg_temp.tok(p_name, p_path), p_path,
-                      p_value, p_error) AS d
-$$;
+-- Fixtures: tap.* (sql_tests/fixtures/tree.sql), in tenant tree
+SELECT set_config('tap.tenant', 'tree', true);
 
 -- the effect id as its COMMENT documents it, byte by byte (independent of
 -- uuid_from_digest): the first 16 bytes of the SHA-256, version 8, RFC 4122 variant
@@ -162,18 +44,18 @@ $$;
 
 -- The sequences ------------------------------------------------------------------------
 
-SELECT pg_temp.seq('par', $${"blocks": [
+SELECT tap.seq('par', $${"blocks": [
     {"type": "parallel", "id": "fan", "branches": [
         [{"type": "step", "id": "ship", "handler": "x.ship"}],
         [{"type": "step", "id": "bill", "handler": "x.bill"}]]},
     {"type": "step", "id": "done", "handler": "transform", "params": {"value": 1}}]}$$);
-SELECT pg_temp.seq('each', $${"blocks": [
+SELECT tap.seq('each', $${"blocks": [
     {"type": "for_each", "id": "lines", "collection": "data.lines", "concurrency": 2,
      "body": [{"type": "step", "id": "charge", "handler": "x.pay"}]}]}$$);
-SELECT pg_temp.seq('few', $${"blocks": [
+SELECT tap.seq('few', $${"blocks": [
     {"type": "for_each", "id": "lines", "collection": "data.lines", "max_iterations": 2,
      "body": [{"type": "step", "id": "charge", "handler": "x.pay"}]}]}$$);
-SELECT pg_temp.seq('route', $${"blocks": [
+SELECT tap.seq('route', $${"blocks": [
     {"type": "router", "id": "tier",
      "routes": [
         {"condition": "data.amount > 1000",
@@ -184,13 +66,13 @@ SELECT pg_temp.seq('route', $${"blocks": [
                      "params": {"value": "fast"}}]}],
      "default": [{"type": "step", "id": "auto", "handler": "transform",
                   "params": {"value": "auto"}}]}]}$$);
-SELECT pg_temp.seq('poll', $${"blocks": [
+SELECT tap.seq('poll', $${"blocks": [
     {"type": "loop", "id": "poll", "condition": "iteration < 2",
      "body": [{"type": "step", "id": "check", "handler": "x.check"}]}]}$$);
-SELECT pg_temp.seq('halve', $${"blocks": [
+SELECT tap.seq('halve', $${"blocks": [
     {"type": "step", "id": "div", "handler": "transform",
      "params": {"expression": "data.n / 2"}}]}$$);
-SELECT pg_temp.seq('sub', $${"blocks": [
+SELECT tap.seq('sub', $${"blocks": [
     {"type": "sub_sequence", "id": "half", "sequence_name": "halve",
      "input": {"n": "{{ data.n }}"}}]}$$);
 
@@ -325,7 +207,7 @@ SELECT results_eq(
 );
 SELECT results_eq(
     $$SELECT b.block_id, b.type, b.parent_id, b.depth FROM orch8.sequence_blocks AS b
-      WHERE b.sequence_id = pg_temp.id('par') ORDER BY b.block_id$$,
+      WHERE b.sequence_id = tap.id('par') ORDER BY b.block_id$$,
     $$VALUES ('bill', 'step', 'fan', 2), ('done', 'step', NULL, 1),
              ('fan', 'parallel', NULL, 1), ('ship', 'step', 'fan', 2)$$,
     'sequence_blocks: a stored sequence''s blocks are indexed by id, with parent and depth'
@@ -411,9 +293,9 @@ SELECT is(
 
 -- 4. parallel: one node per branch ---------------------------------------------------------
 
-SELECT pg_temp.new('p1', 'par');
+SELECT tap.new('p1', 'par');
 SELECT results_eq(
-    $$SELECT * FROM pg_temp.tree('p1')$$,
+    $$SELECT * FROM tap.tree('p1')$$,
     $$VALUES ('', NULL, 'sequence', 'running'), ('fan', '', 'parallel', 'running'),
              ('fan#0', 'fan', 'sequence', 'running'), ('fan#0/ship', 'fan#0', 'step', 'ready'),
              ('fan#1', 'fan', 'sequence', 'running'), ('fan#1/bill', 'fan#1', 'step', 'ready')$$,
@@ -421,91 +303,91 @@ SELECT results_eq(
 );
 SELECT results_eq(
     $$SELECT n.selector, n.block_id FROM orch8.execution_nodes AS n
-      WHERE n.instance_id = pg_temp.id('p1') AND n.path IN ('fan#0', 'fan#1') ORDER BY n.path$$,
+      WHERE n.instance_id = tap.id('p1') AND n.path IN ('fan#0', 'fan#1') ORDER BY n.path$$,
     $$VALUES (ARRAY['branches', '0'], 'fan'), (ARRAY['branches', '1'], 'fan')$$,
     'parallel: each branch list selects its branch of the block'
 );
 SELECT results_eq(
-    $$SELECT * FROM pg_temp.claim()$$,
+    $$SELECT * FROM tap.claim()$$,
     $$VALUES ('p1:fan#0/ship'), ('p1:fan#1/bill')$$,
     'claim: one batch takes both branches of one instance'
 );
 SELECT results_eq(
-    $$SELECT pg_temp.tok('p1', 'fan#0/ship') <> pg_temp.tok('p1', 'fan#1/bill'),
+    $$SELECT tap.tok('p1', 'fan#0/ship') <> tap.tok('p1', 'fan#1/bill'),
              (SELECT count(*)::integer FROM orch8.instance_transitions AS a
-              WHERE a.instance_id = pg_temp.id('p1') AND a.to_state = 'running'),
-             pg_temp.state('p1')$$,
+              WHERE a.instance_id = tap.id('p1') AND a.to_state = 'running'),
+             tap.state('p1')$$,
     $$VALUES (true, 1, 'running')$$,
     'claim: each branch has its own lease; the instance became running once'
 );
-SELECT is(pg_temp.begin('p1', 'fan#0/ship', 'x.ship'), 'dispatched', 'parallel: ship dispatches');
+SELECT is(tap.begin('p1', 'fan#0/ship', 'x.ship'), 'dispatched', 'parallel: ship dispatches');
 SELECT results_eq(
     $$SELECT r.block_id, r.attempt, pg_temp.id_fits(r), r.id <> orch8.deterministic_effect_id(
                  r.continuity_id, r.epoch, r.instance_id, 'ship', 0)
-      FROM pg_temp.receipt('p1', 'fan#0/ship') AS r$$,
+      FROM tap.receipt('p1', 'fan#0/ship') AS r$$,
     $$VALUES ('fan#0/ship', 0, true, true)$$,
     'parallel: the receipt names the branch path, and its id is that path''s'
 );
 SELECT results_eq(
-    $$SELECT * FROM pg_temp.finish('p1', 'fan#0/ship', 'ok', '{"s": 1}')$$,
+    $$SELECT * FROM tap.finish('p1', 'fan#0/ship', 'ok', '{"s": 1}')$$,
     $$VALUES ('running', NULL::text, NULL::jsonb)$$,
     'parallel: a branch ends while the other runs: nothing to hand over'
 );
 SELECT results_eq(
-    $$SELECT path, state FROM pg_temp.tree('p1') WHERE path IN ('fan', 'fan#0', 'fan#0/ship')$$,
+    $$SELECT path, state FROM tap.tree('p1') WHERE path IN ('fan', 'fan#0', 'fan#0/ship')$$,
     $$VALUES ('fan', 'running'), ('fan#0', 'completed'), ('fan#0/ship', 'completed')$$,
     'parallel: the finished branch completes, the block waits for the other'
 );
-SELECT is(pg_temp.begin('p1', 'fan#1/bill', 'x.bill'), 'dispatched', 'parallel: bill dispatches');
+SELECT is(tap.begin('p1', 'fan#1/bill', 'x.bill'), 'dispatched', 'parallel: bill dispatches');
 SELECT results_eq(
-    $$SELECT * FROM pg_temp.finish('p1', 'fan#1/bill', 'ok', '{"b": 2}')$$,
+    $$SELECT * FROM tap.finish('p1', 'fan#1/bill', 'ok', '{"b": 2}')$$,
     $$VALUES ('running', 'done', '{}'::jsonb)$$,
     'parallel: the last branch ends the block; the next block is handed over'
 );
 SELECT results_eq(
-    $$SELECT (pg_temp.node('p1', 'fan')).state::text,
-             orch8.node_output('tree', pg_temp.id('p1'), 'fan'),
-             pg_temp.tok('p1', 'done') IS NOT NULL$$,
+    $$SELECT (tap.node('p1', 'fan')).state::text,
+             orch8.node_output('tree', tap.id('p1'), 'fan'),
+             tap.tok('p1', 'done') IS NOT NULL$$,
     $$VALUES ('completed', '[{"s": 1}, {"b": 2}]'::jsonb, true)$$,
     'parallel: completed with every branch''s output, in branch order'
 );
 SELECT results_eq(
-    $$SELECT * FROM pg_temp.finish('p1', 'done', 'ok', '1')$$,
+    $$SELECT * FROM tap.finish('p1', 'done', 'ok', '1')$$,
     $$VALUES ('completed', NULL::text, NULL::jsonb)$$,
     'parallel: the step after it completes the instance'
 );
 SELECT throws_ok(
     $$UPDATE orch8.execution_nodes SET state = 'running'
-      WHERE instance_id = pg_temp.id('p1') AND path = 'fan'$$,
+      WHERE instance_id = tap.id('p1') AND path = 'fan'$$,
     'O8004', NULL, 'the guard: a completed node cannot move (O8004)'
 );
 SELECT throws_ok(
     $$UPDATE orch8.execution_nodes SET path = 'fan2'
-      WHERE instance_id = pg_temp.id('p1') AND path = 'fan'$$,
+      WHERE instance_id = tap.id('p1') AND path = 'fan'$$,
     'O8004', NULL, 'the guard: a node''s identity cannot change (O8004)'
 );
 SELECT throws_ok(
-    $$DELETE FROM orch8.execution_nodes WHERE instance_id = pg_temp.id('p1')$$,
+    $$DELETE FROM orch8.execution_nodes WHERE instance_id = tap.id('p1')$$,
     'O8004', NULL, 'the guard: nodes are never deleted (O8004)'
 );
 
 -- a failed branch fails the block (on_branch_failure fail) and stops the other
-SELECT pg_temp.new('p2', 'par');
+SELECT tap.new('p2', 'par');
 SELECT results_eq(
-    $$SELECT * FROM pg_temp.claim()$$,
+    $$SELECT * FROM tap.claim()$$,
     $$VALUES ('p2:fan#0/ship'), ('p2:fan#1/bill')$$,
     'p2: both branches are claimed'
 );
-SELECT pg_temp.begin('p2', 'fan#0/ship', 'x.ship');
+SELECT tap.begin('p2', 'fan#0/ship', 'x.ship');
 SELECT results_eq(
     $$SELECT state, next_block
-      FROM pg_temp.finish('p2', 'fan#0/ship', 'not_applied', '{}', 'no stock')$$,
+      FROM tap.finish('p2', 'fan#0/ship', 'not_applied', '{}', 'no stock')$$,
     $$VALUES ('failed', NULL::text)$$,
     'parallel: a failed branch fails the instance'
 );
 SELECT results_eq(
     $$SELECT n.path, n.state::text, n.error, n.failed_child, n.cancel_requested
-      FROM orch8.execution_nodes AS n WHERE n.instance_id = pg_temp.id('p2')
+      FROM orch8.execution_nodes AS n WHERE n.instance_id = tap.id('p2')
         AND n.path IN ('', 'fan', 'fan#1/bill') ORDER BY n.path$$,
     $$VALUES ('', 'failed', 'no stock', 'fan', false),
              ('fan', 'failed', 'no stock', 'fan#0', false),
@@ -515,7 +397,7 @@ SELECT results_eq(
 SELECT is(
     (
         SELECT (orch8.begin_step(
-            'tree', pg_temp.id('p2'), pg_temp.tok('p2', 'fan#1/bill'),
+            'tree', tap.id('p2'), tap.tok('p2', 'fan#1/bill'),
             'fan#1/bill', 'x.bill', '{}', 0
         )).outcome
     ),
@@ -523,38 +405,38 @@ SELECT is(
     'parallel: the stopped sibling''s begin_step answers stopped'
 );
 SELECT results_eq(
-    $$SELECT (pg_temp.node('p2', 'fan#1/bill')).state::text,
-             (pg_temp.node('p2', 'fan#1/bill')).lease_token,
+    $$SELECT (tap.node('p2', 'fan#1/bill')).state::text,
+             (tap.node('p2', 'fan#1/bill')).lease_token,
              (SELECT count(*)::integer FROM orch8.effect_receipts AS r
-              WHERE r.instance_id = pg_temp.id('p2') AND r.block_id = 'fan#1/bill'),
-             pg_temp.state('p2')$$,
+              WHERE r.instance_id = tap.id('p2') AND r.block_id = 'fan#1/bill'),
+             tap.state('p2')$$,
     $$VALUES ('cancelled', NULL::uuid, 0, 'failed')$$,
     'parallel: the sibling ends cancelled without a receipt; the instance stays failed'
 );
 
 -- 5. for_each: one node per item ---------------------------------------------------------
 
-SELECT pg_temp.new('f1', 'each', '{"lines": [1, 2, 3]}');
+SELECT tap.new('f1', 'each', '{"lines": [1, 2, 3]}');
 SELECT results_eq(
     $$SELECT n.kind, n.state::text, n.items FROM orch8.execution_nodes AS n
-      WHERE n.instance_id = pg_temp.id('f1') AND n.path = 'lines'$$,
+      WHERE n.instance_id = tap.id('f1') AND n.path = 'lines'$$,
     $$VALUES ('for_each', 'ready', '{"asking": "collection"}'::jsonb)$$,
     'for_each: a ready node that asks for its collection'
 );
-SELECT results_eq($$SELECT * FROM pg_temp.claim()$$, $$VALUES ('f1:lines')$$, 'f1: claimed');
+SELECT results_eq($$SELECT * FROM tap.claim()$$, $$VALUES ('f1:lines')$$, 'f1: claimed');
 SELECT throws_ok(
-    $$SELECT * FROM pg_temp.decide('f1', 'lines', '{"a": 1}')$$,
+    $$SELECT * FROM tap.decide('f1', 'lines', '{"a": 1}')$$,
     'O8008', NULL, 'decide: a collection that is not an array is O8008'
 );
 SELECT results_eq(
-    $$SELECT * FROM pg_temp.decide('f1', 'lines', '[{"sku": "a"}, {"sku": "b"}, {"sku": "c"}]')$$,
+    $$SELECT * FROM tap.decide('f1', 'lines', '[{"sku": "a"}, {"sku": "b"}, {"sku": "c"}]')$$,
     $$VALUES ('running', 'lines[0]/charge', 'step', NULL::text, 0,
               '{"item": {"sku": "a"}, "index": 0}'::jsonb)$$,
     'decide: the collection starts the items; the first item''s step is handed over with '
     'item and index bound'
 );
 SELECT results_eq(
-    $$SELECT * FROM pg_temp.tree('f1')$$,
+    $$SELECT * FROM tap.tree('f1')$$,
     $$VALUES ('', NULL, 'sequence', 'running'), ('lines', '', 'for_each', 'running'),
              ('lines[0]', 'lines', 'sequence', 'running'),
              ('lines[0]/charge', 'lines[0]', 'step', 'running'),
@@ -564,8 +446,8 @@ SELECT results_eq(
 );
 SELECT results_eq(
     $$SELECT n.position, n.items, n.lease_token,
-             (pg_temp.node('f1', 'lines[1]')).vars
-      FROM pg_temp.node('f1', 'lines') AS n$$,
+             (tap.node('f1', 'lines[1]')).vars
+      FROM tap.node('f1', 'lines') AS n$$,
     $$VALUES (2, '{"collection": [{"sku": "a"}, {"sku": "b"}, {"sku": "c"}]}'::jsonb,
               NULL::uuid, '{"item": {"sku": "b"}, "index": 1}'::jsonb)$$,
     'for_each: the block keeps the collection and its next item, without a lease; an item '
@@ -573,61 +455,61 @@ SELECT results_eq(
 );
 SELECT results_eq(
     $$SELECT o.attempt, o.sentinel, o.output FROM orch8.block_outputs AS o
-      WHERE o.instance_id = pg_temp.id('f1') AND o.block_id = 'lines'$$,
+      WHERE o.instance_id = tap.id('f1') AND o.block_id = 'lines'$$,
     $$VALUES (0, '__decision__'::text,
               '{"asking": "collection", "value": [{"sku": "a"}, {"sku": "b"}, {"sku": "c"}]}'
               ::jsonb)$$,
     'decide: the value is recorded as a __decision__ row'
 );
 SELECT throws_ok(
-    $$SELECT orch8.decide('tree', pg_temp.id('f1'), pg_temp.tok('f1', 'lines[0]/charge'),
+    $$SELECT orch8.decide('tree', tap.id('f1'), tap.tok('f1', 'lines[0]/charge'),
                           'lines', '[]')$$,
     'O8001', NULL, 'decide: a node the token no longer holds is O8001'
 );
 SELECT throws_ok(
-    $$SELECT orch8.decide('tree', pg_temp.id('f1'), pg_temp.tok('f1', 'lines[0]/charge'),
+    $$SELECT orch8.decide('tree', tap.id('f1'), tap.tok('f1', 'lines[0]/charge'),
                           'lines[0]/charge', '[]')$$,
     'O8008', NULL, 'decide: a step node is O8008 (decide answers loop, for_each, router)'
 );
 SELECT results_eq(
-    $$SELECT * FROM pg_temp.claim()$$, $$VALUES ('f1:lines[1]/charge')$$,
+    $$SELECT * FROM tap.claim()$$, $$VALUES ('f1:lines[1]/charge')$$,
     'f1: the second item''s step is claimed'
 );
 SELECT results_eq(
-    $$SELECT pg_temp.begin('f1', 'lines[0]/charge', 'x.pay')
-      UNION ALL SELECT pg_temp.begin('f1', 'lines[1]/charge', 'x.pay')$$,
+    $$SELECT tap.begin('f1', 'lines[0]/charge', 'x.pay')
+      UNION ALL SELECT tap.begin('f1', 'lines[1]/charge', 'x.pay')$$,
     $$VALUES ('dispatched'), ('dispatched')$$,
     'for_each: both items dispatch their step'
 );
 SELECT results_eq(
-    $$SELECT * FROM pg_temp.finish('f1', 'lines[0]/charge', 'ok', '"a"')$$,
+    $$SELECT * FROM tap.finish('f1', 'lines[0]/charge', 'ok', '"a"')$$,
     $$VALUES ('running', 'lines[2]/charge', '{"item": {"sku": "c"}, "index": 2}'::jsonb)$$,
     'for_each: an item done starts the next one, handed over under the same lease'
 );
 SELECT is(
-    pg_temp.begin('f1', 'lines[2]/charge', 'x.pay'), 'dispatched',
+    tap.begin('f1', 'lines[2]/charge', 'x.pay'), 'dispatched',
     'for_each: the third item dispatches'
 );
 SELECT results_eq(
-    $$SELECT state, next_block FROM pg_temp.finish('f1', 'lines[2]/charge', 'ok', '"c"')$$,
+    $$SELECT state, next_block FROM tap.finish('f1', 'lines[2]/charge', 'ok', '"c"')$$,
     $$VALUES ('running', NULL::text)$$,
     'for_each: the block waits for its last item'
 );
 SELECT results_eq(
-    $$SELECT state, next_block FROM pg_temp.finish('f1', 'lines[1]/charge', 'ok', '"b"')$$,
+    $$SELECT state, next_block FROM tap.finish('f1', 'lines[1]/charge', 'ok', '"b"')$$,
     $$VALUES ('completed', NULL::text)$$,
     'for_each: the last item ends the block and the instance'
 );
 SELECT results_eq(
-    $$SELECT (pg_temp.node('f1', 'lines')).state::text,
-             orch8.node_output('tree', pg_temp.id('f1'), 'lines'),
-             (pg_temp.node('f1', '')).output$$,
+    $$SELECT (tap.node('f1', 'lines')).state::text,
+             orch8.node_output('tree', tap.id('f1'), 'lines'),
+             (tap.node('f1', '')).output$$,
     $$VALUES ('completed', '["a", "b", "c"]'::jsonb, '["a", "b", "c"]'::jsonb)$$,
     'for_each: completed with the items'' outputs in item order'
 );
 SELECT results_eq(
     $$SELECT r.block_id, r.attempt, r.state::text, pg_temp.id_fits(r)
-      FROM orch8.effect_receipts AS r WHERE r.instance_id = pg_temp.id('f1')
+      FROM orch8.effect_receipts AS r WHERE r.instance_id = tap.id('f1')
       ORDER BY r.block_id$$,
     $$VALUES ('lines[0]/charge', 0, 'committed', true), ('lines[1]/charge', 0, 'committed', true),
              ('lines[2]/charge', 0, 'committed', true)$$,
@@ -636,170 +518,170 @@ SELECT results_eq(
 SELECT is(
     (
         SELECT count(DISTINCT r.id)::integer FROM orch8.effect_receipts AS r
-        WHERE r.instance_id = pg_temp.id('f1')
+        WHERE r.instance_id = tap.id('f1')
     ),
     3,
     'for_each: three items, three distinct effect ids'
 );
 
-SELECT pg_temp.new('f2', 'each', '{"lines": []}');
-SELECT results_eq($$SELECT * FROM pg_temp.claim()$$, $$VALUES ('f2:lines')$$, 'f2: claimed');
+SELECT tap.new('f2', 'each', '{"lines": []}');
+SELECT results_eq($$SELECT * FROM tap.claim()$$, $$VALUES ('f2:lines')$$, 'f2: claimed');
 SELECT results_eq(
-    $$SELECT state, next_block FROM pg_temp.decide('f2', 'lines', '[]')$$,
+    $$SELECT state, next_block FROM tap.decide('f2', 'lines', '[]')$$,
     $$VALUES ('completed', NULL::text)$$,
     'for_each: an empty collection completes at once'
 );
 SELECT results_eq(
-    $$SELECT orch8.node_output('tree', pg_temp.id('f2'), 'lines'),
+    $$SELECT orch8.node_output('tree', tap.id('f2'), 'lines'),
              (SELECT count(*)::integer FROM orch8.execution_nodes AS n
-              WHERE n.instance_id = pg_temp.id('f2'))$$,
+              WHERE n.instance_id = tap.id('f2'))$$,
     $$VALUES ('[]'::jsonb, 2)$$,
     'for_each: an empty collection outputs [] and starts no item'
 );
 
-SELECT pg_temp.new('f3', 'few');
-SELECT results_eq($$SELECT * FROM pg_temp.claim()$$, $$VALUES ('f3:lines')$$, 'f3: claimed');
+SELECT tap.new('f3', 'few');
+SELECT results_eq($$SELECT * FROM tap.claim()$$, $$VALUES ('f3:lines')$$, 'f3: claimed');
 SELECT results_eq(
-    $$SELECT state, next_block FROM pg_temp.decide('f3', 'lines', '[1, 2, 3]')$$,
+    $$SELECT state, next_block FROM tap.decide('f3', 'lines', '[1, 2, 3]')$$,
     $$VALUES ('failed', NULL::text)$$,
     'for_each: a collection over max_iterations fails the instance'
 );
 SELECT is(
-    (pg_temp.node('f3', 'lines')).error,
+    (tap.node('f3', 'lines')).error,
     'for_each lines: the collection has 3 items, over max_iterations (2)',
     'for_each: the error names the size and the limit'
 );
 
 -- 6. router: decide takes a route -----------------------------------------------------------
 
-SELECT pg_temp.new('r1', 'route', '{"amount": 500}');
-SELECT results_eq($$SELECT * FROM pg_temp.claim()$$, $$VALUES ('r1:tier')$$, 'r1: claimed');
+SELECT tap.new('r1', 'route', '{"amount": 500}');
+SELECT results_eq($$SELECT * FROM tap.claim()$$, $$VALUES ('r1:tier')$$, 'r1: claimed');
 SELECT results_eq(
-    $$SELECT n.kind, n.items ->> 'asking' FROM pg_temp.node('r1', 'tier') AS n$$,
+    $$SELECT n.kind, n.items ->> 'asking' FROM tap.node('r1', 'tier') AS n$$,
     $$VALUES ('router', 'route')$$,
     'router: its node asks for the route'
 );
 SELECT throws_ok(
-    $$SELECT * FROM pg_temp.decide('r1', 'tier', '"fast"')$$,
+    $$SELECT * FROM tap.decide('r1', 'tier', '"fast"')$$,
     'O8008', NULL, 'decide: a route that is not an index or null is O8008'
 );
 SELECT throws_ok(
-    $$SELECT * FROM pg_temp.decide('r1', 'tier', '-1')$$,
+    $$SELECT * FROM tap.decide('r1', 'tier', '-1')$$,
     'O8008', NULL, 'decide: a negative route is O8008 (one name per route)'
 );
 SELECT throws_ok(
-    $$SELECT * FROM pg_temp.decide('r1', 'tier', '1.5')$$,
+    $$SELECT * FROM tap.decide('r1', 'tier', '1.5')$$,
     'O8008', NULL, 'decide: a fractional route is O8008'
 );
 SELECT throws_ok(
-    $$SELECT * FROM pg_temp.decide('r1', 'tier', '2')$$,
+    $$SELECT * FROM tap.decide('r1', 'tier', '2')$$,
     'O8008', 'router tier has routes 0 to 1, got 2', 'decide: a route past the last is O8008'
 );
 SELECT throws_ok(
-    $$SELECT * FROM pg_temp.decide('r1', 'tier', '3000000000')$$,
+    $$SELECT * FROM tap.decide('r1', 'tier', '3000000000')$$,
     'O8008', NULL, 'decide: a route past integer range is O8008, not a cast error'
 );
 SELECT results_eq(
-    $$SELECT state, next_block, next_kind FROM pg_temp.decide('r1', 'tier', '1')$$,
+    $$SELECT state, next_block, next_kind FROM tap.decide('r1', 'tier', '1')$$,
     $$VALUES ('running', 'tier.route1/fast', 'step')$$,
     'decide: route 1 starts tier.route1 and hands its first step over'
 );
 SELECT results_eq(
     $$SELECT n.path, n.parent_path, n.selector FROM orch8.execution_nodes AS n
-      WHERE n.instance_id = pg_temp.id('r1') AND n.path LIKE 'tier.%' ORDER BY n.path$$,
+      WHERE n.instance_id = tap.id('r1') AND n.path LIKE 'tier.%' ORDER BY n.path$$,
     $$VALUES ('tier.route1', 'tier', ARRAY['routes', '1', 'blocks']),
              ('tier.route1/fast', 'tier.route1', NULL)$$,
     'router: only the route taken has nodes'
 );
 SELECT results_eq(
-    $$SELECT state, next_block FROM pg_temp.finish('r1', 'tier.route1/fast', 'ok', '"fast"')$$,
+    $$SELECT state, next_block FROM tap.finish('r1', 'tier.route1/fast', 'ok', '"fast"')$$,
     $$VALUES ('completed', NULL::text)$$,
     'router: the route''s end ends the router and the instance'
 );
 SELECT results_eq(
-    $$SELECT (pg_temp.node('r1', 'tier')).state::text,
-             orch8.node_output('tree', pg_temp.id('r1'), 'tier'),
+    $$SELECT (tap.node('r1', 'tier')).state::text,
+             orch8.node_output('tree', tap.id('r1'), 'tier'),
              (SELECT o.output FROM orch8.block_outputs AS o
-              WHERE o.instance_id = pg_temp.id('r1') AND o.block_id = 'tier'
+              WHERE o.instance_id = tap.id('r1') AND o.block_id = 'tier'
                 AND o.sentinel = '__decision__')$$,
     $$VALUES ('completed', '"fast"'::jsonb, '{"asking": "route", "value": 1}'::jsonb)$$,
     'router: completed with its route''s output; the decision is recorded'
 );
 
-SELECT pg_temp.new('r2', 'route', '{"amount": 5}');
-SELECT results_eq($$SELECT * FROM pg_temp.claim()$$, $$VALUES ('r2:tier')$$, 'r2: claimed');
+SELECT tap.new('r2', 'route', '{"amount": 5}');
+SELECT results_eq($$SELECT * FROM tap.claim()$$, $$VALUES ('r2:tier')$$, 'r2: claimed');
 SELECT results_eq(
-    $$SELECT state, next_block FROM pg_temp.decide('r2', 'tier', 'null')$$,
+    $$SELECT state, next_block FROM tap.decide('r2', 'tier', 'null')$$,
     $$VALUES ('running', 'tier.default/auto')$$,
     'decide: no route (null) starts the default'
 );
 SELECT results_eq(
-    $$SELECT state, next_block FROM pg_temp.finish('r2', 'tier.default/auto', 'ok', '"auto"')$$,
+    $$SELECT state, next_block FROM tap.finish('r2', 'tier.default/auto', 'ok', '"auto"')$$,
     $$VALUES ('completed', NULL::text)$$,
     'router: the default''s end completes the instance'
 );
 
-SELECT pg_temp.new('r3', 'route', '{"amount": 5}');
-SELECT results_eq($$SELECT * FROM pg_temp.claim()$$, $$VALUES ('r3:tier')$$, 'r3: claimed');
+SELECT tap.new('r3', 'route', '{"amount": 5}');
+SELECT results_eq($$SELECT * FROM tap.claim()$$, $$VALUES ('r3:tier')$$, 'r3: claimed');
 SELECT results_eq(
-    $$SELECT state, next_block FROM pg_temp.decide('r3', 'tier', NULL, 'amount is undefined')$$,
+    $$SELECT state, next_block FROM tap.decide('r3', 'tier', NULL, 'amount is undefined')$$,
     $$VALUES ('failed', NULL::text)$$,
     'decide with an error (the condition failed): the router and the instance fail'
 );
 SELECT results_eq(
     $$SELECT n.state::text, n.error, (SELECT t.error FROM orch8.task_instances AS t
                                        WHERE t.id = n.instance_id)
-      FROM pg_temp.node('r3', 'tier') AS n$$,
+      FROM tap.node('r3', 'tier') AS n$$,
     $$VALUES ('failed', 'router tier: amount is undefined', 'router tier: amount is undefined')$$,
     'decide with an error: the error names the block'
 );
 
 -- 7. loop: each iteration its own nodes and receipt ---------------------------------------
 
-SELECT pg_temp.new('l1', 'poll');
-SELECT results_eq($$SELECT * FROM pg_temp.claim()$$, $$VALUES ('l1:poll')$$, 'l1: claimed');
+SELECT tap.new('l1', 'poll');
+SELECT results_eq($$SELECT * FROM tap.claim()$$, $$VALUES ('l1:poll')$$, 'l1: claimed');
 SELECT throws_ok(
-    $$SELECT * FROM pg_temp.decide('l1', 'poll', '1')$$,
+    $$SELECT * FROM tap.decide('l1', 'poll', '1')$$,
     'O8008', NULL, 'decide: a condition that is not a boolean is O8008'
 );
 SELECT results_eq(
-    $$SELECT * FROM pg_temp.decide('l1', 'poll', 'true')$$,
+    $$SELECT * FROM tap.decide('l1', 'poll', 'true')$$,
     $$VALUES ('running', 'poll[0]/check', 'step', NULL::text, 0, '{"iteration": 0}'::jsonb)$$,
     'decide: a true condition starts iteration 0, iteration bound'
 );
-SELECT pg_temp.begin('l1', 'poll[0]/check', 'x.check');
+SELECT tap.begin('l1', 'poll[0]/check', 'x.check');
 SELECT results_eq(
     $$SELECT f.state::text, f.next_block, f.next_kind, f.next_phase, f.next_position
-      FROM orch8.finish_step('tree', pg_temp.id('l1'), pg_temp.tok('l1', 'poll[0]/check'),
-                             'poll[0]/check', 0, (pg_temp.receipt('l1', 'poll[0]/check')).id,
+      FROM orch8.finish_step('tree', tap.id('l1'), tap.tok('l1', 'poll[0]/check'),
+                             'poll[0]/check', 0, (tap.receipt('l1', 'poll[0]/check')).id,
                              'ok', '{"n": 0}') AS f$$,
     $$VALUES ('running', 'poll', 'loop', 'condition', 1)$$,
     'loop: an iteration done hands the loop over, asking its condition for iteration 1'
 );
 SELECT results_eq(
-    $$SELECT next_block, next_vars FROM pg_temp.decide('l1', 'poll', 'true')$$,
+    $$SELECT next_block, next_vars FROM tap.decide('l1', 'poll', 'true')$$,
     $$VALUES ('poll[1]/check', '{"iteration": 1}'::jsonb)$$,
     'decide: a true condition starts iteration 1'
 );
-SELECT pg_temp.begin('l1', 'poll[1]/check', 'x.check');
+SELECT tap.begin('l1', 'poll[1]/check', 'x.check');
 SELECT results_eq(
-    $$SELECT state, next_block FROM pg_temp.finish('l1', 'poll[1]/check', 'ok', '{"n": 1}')$$,
+    $$SELECT state, next_block FROM tap.finish('l1', 'poll[1]/check', 'ok', '{"n": 1}')$$,
     $$VALUES ('running', 'poll')$$,
     'loop: the second iteration done asks again'
 );
 SELECT results_eq(
-    $$SELECT state, next_block FROM pg_temp.decide('l1', 'poll', 'false')$$,
+    $$SELECT state, next_block FROM tap.decide('l1', 'poll', 'false')$$,
     $$VALUES ('completed', NULL::text)$$,
     'decide: a false condition completes the loop and the instance'
 );
 SELECT results_eq(
-    $$SELECT (pg_temp.node('l1', 'poll')).output, (pg_temp.node('l1', '')).output$$,
+    $$SELECT (tap.node('l1', 'poll')).output, (tap.node('l1', '')).output$$,
     $$VALUES ('{"n": 1}'::jsonb, '{"n": 1}'::jsonb)$$,
     'loop: its output is its last iteration''s'
 );
 SELECT results_eq(
     $$SELECT o.attempt, o.output FROM orch8.block_outputs AS o
-      WHERE o.instance_id = pg_temp.id('l1') AND o.block_id = 'poll'
+      WHERE o.instance_id = tap.id('l1') AND o.block_id = 'poll'
         AND o.sentinel = '__decision__' ORDER BY o.seq$$,
     $$VALUES (0, '{"asking": "condition", "value": true, "iteration": 0}'::jsonb),
              (1, '{"asking": "condition", "value": true, "iteration": 1}'::jsonb),
@@ -808,104 +690,104 @@ SELECT results_eq(
 );
 SELECT results_eq(
     $$SELECT r.block_id, r.attempt, pg_temp.id_fits(r) FROM orch8.effect_receipts AS r
-      WHERE r.instance_id = pg_temp.id('l1') ORDER BY r.block_id$$,
+      WHERE r.instance_id = tap.id('l1') ORDER BY r.block_id$$,
     $$VALUES ('poll[0]/check', 0, true), ('poll[1]/check', 0, true)$$,
     'loop: each iteration''s step has its own receipt at attempt 0, its id its path''s'
 );
 SELECT isnt(
-    (pg_temp.receipt('l1', 'poll[0]/check')).id, (pg_temp.receipt('l1', 'poll[1]/check')).id,
+    (tap.receipt('l1', 'poll[0]/check')).id, (tap.receipt('l1', 'poll[1]/check')).id,
     'loop: the two iterations'' effect ids differ'
 );
 
 -- 8. sub_sequence: run_child and child_ended -----------------------------------------------
 
-SELECT pg_temp.new('s1', 'sub', '{"n": 4}', '{"region": "eu"}', 7);
-SELECT results_eq($$SELECT * FROM pg_temp.claim()$$, $$VALUES ('s1:half')$$, 's1: claimed');
+SELECT tap.new('s1', 'sub', '{"n": 4}', '{"region": "eu"}', 7);
+SELECT results_eq($$SELECT * FROM tap.claim()$$, $$VALUES ('s1:half')$$, 's1: claimed');
 SELECT throws_ok(
-    $$SELECT orch8.run_child('tree', pg_temp.id('s1'), pg_temp.tok('s1', 'half'), 'half',
-                             pg_temp.id('sub'), '{"n": 4}')$$,
+    $$SELECT orch8.run_child('tree', tap.id('s1'), tap.tok('s1', 'half'), 'half',
+                             tap.id('sub'), '{"n": 4}')$$,
     'O8008', NULL, 'run_child: a sequence other than the one the block names is O8008'
 );
-CREATE TEMP TABLE saved AS SELECT pg_temp.tok('s1', 'half') AS token;
+CREATE TEMP TABLE saved AS SELECT tap.tok('s1', 'half') AS token;
 SELECT results_eq(
     $$SELECT r.state::text, r.next_block
-      FROM orch8.run_child('tree', pg_temp.id('s1'), pg_temp.tok('s1', 'half'), 'half',
-                           pg_temp.id('halve'), '{"n": 4}') AS r$$,
+      FROM orch8.run_child('tree', tap.id('s1'), tap.tok('s1', 'half'), 'half',
+                           tap.id('halve'), '{"n": 4}') AS r$$,
     $$VALUES ('waiting', NULL::text)$$,
     'run_child: the child is started and the parent waits'
 );
-INSERT INTO names (name, id)
+INSERT INTO tap.names (name, id)
 SELECT
     'c1' AS name,
-    (pg_temp.node('s1', 'half')).child_instance_id AS id;
+    (tap.node('s1', 'half')).child_instance_id AS id;
 SELECT results_eq(
     $$SELECT n.state::text, n.lease_token, n.child_instance_id IS NOT NULL
-      FROM pg_temp.node('s1', 'half') AS n$$,
+      FROM tap.node('s1', 'half') AS n$$,
     $$VALUES ('waiting', NULL::uuid, true)$$,
     'run_child: the node waits for its child, without a lease'
 );
 SELECT results_eq(
     $$SELECT t.state::text, t.parent_instance_id, t.parent_path, t.depth, t.context,
              t.priority, t.idempotency_key
-      FROM orch8.task_instances AS t WHERE t.id = pg_temp.id('c1')$$,
-    $$SELECT 'scheduled', pg_temp.id('s1'), 'half'::text, 1,
+      FROM orch8.task_instances AS t WHERE t.id = tap.id('c1')$$,
+    $$SELECT 'scheduled', tap.id('s1'), 'half'::text, 1,
              '{"data": {"n": 4}, "config": {"region": "eu"}, "runtime": {}}'::jsonb, 7,
-             format('orch8:child:%s:half:0', pg_temp.id('s1'))$$,
+             format('orch8:child:%s:half:0', tap.id('s1'))$$,
     'run_child: the child has the input as data, the parent''s config and priority, '
     'depth 1 and a key from the parent, path and attempt'
 );
 SELECT throws_ok(
-    $$SELECT orch8.run_child('tree', pg_temp.id('s1'), (SELECT s.token FROM saved AS s),
-                             'half', pg_temp.id('halve'), '{"n": 4}')$$,
+    $$SELECT orch8.run_child('tree', tap.id('s1'), (SELECT s.token FROM saved AS s),
+                             'half', tap.id('halve'), '{"n": 4}')$$,
     'O8001', NULL, 'run_child: the lease given up by waiting is O8001'
 );
 SELECT results_eq(
-    $$SELECT * FROM pg_temp.claim()$$, $$VALUES ('c1:div')$$,
+    $$SELECT * FROM tap.claim()$$, $$VALUES ('c1:div')$$,
     'the child''s step is claimed (the waiting parent has nothing due)'
 );
 SELECT results_eq(
-    $$SELECT state, next_block FROM pg_temp.finish('c1', 'div', 'ok', '{"half": 2}')$$,
+    $$SELECT state, next_block FROM tap.finish('c1', 'div', 'ok', '{"half": 2}')$$,
     $$VALUES ('completed', NULL::text)$$,
     'the child completes'
 );
 SELECT results_eq(
-    $$SELECT n.state::text, n.next_fire_at, pg_temp.state('s1')
-      FROM pg_temp.node('s1', 'half') AS n$$,
+    $$SELECT n.state::text, n.next_fire_at, tap.state('s1')
+      FROM tap.node('s1', 'half') AS n$$,
     $$VALUES ('ready', '2030-01-01 00:00:00+00'::timestamptz, 'waiting')$$,
     'child_ended: the parent''s node is ready again; the parent waits until it is claimed'
 );
 SELECT set_config('orch8.fake_now', '2030-01-01 00:00:05+00', true);
 SELECT orch8.child_ended((
     SELECT t FROM orch8.task_instances AS t
-    WHERE t.id = pg_temp.id('c1')
+    WHERE t.id = tap.id('c1')
 ));
 SELECT results_eq(
-    $$SELECT n.state::text, n.next_fire_at, n.updated_at FROM pg_temp.node('s1', 'half') AS n$$,
+    $$SELECT n.state::text, n.next_fire_at, n.updated_at FROM tap.node('s1', 'half') AS n$$,
     $$VALUES ('ready', '2030-01-01 00:00:00+00'::timestamptz,
               '2030-01-01 00:00:00+00'::timestamptz)$$,
     'child_ended again (5 seconds later): a node that no longer waits is left alone'
 );
 SELECT results_eq(
-    $$SELECT * FROM pg_temp.claim()$$, $$VALUES ('s1:half')$$,
+    $$SELECT * FROM tap.claim()$$, $$VALUES ('s1:half')$$,
     'the parent''s node is claimed again'
 );
 SELECT results_eq(
     $$SELECT r.state::text, r.next_block
-      FROM orch8.run_child('tree', pg_temp.id('s1'), pg_temp.tok('s1', 'half'), 'half',
-                           pg_temp.id('halve'), '{"n": 4}') AS r$$,
+      FROM orch8.run_child('tree', tap.id('s1'), tap.tok('s1', 'half'), 'half',
+                           tap.id('halve'), '{"n": 4}') AS r$$,
     $$VALUES ('completed', NULL::text)$$,
     'run_child: the child completed: the node and the parent complete'
 );
 SELECT results_eq(
-    $$SELECT orch8.node_output('tree', pg_temp.id('s1'), 'half'),
+    $$SELECT orch8.node_output('tree', tap.id('s1'), 'half'),
              (SELECT count(*)::integer FROM orch8.task_instances AS t
-              WHERE t.parent_instance_id = pg_temp.id('s1'))$$,
+              WHERE t.parent_instance_id = tap.id('s1'))$$,
     $$VALUES ('{"half": 2}'::jsonb, 1)$$,
     'run_child: the node''s output is the child''s; the repeated call made no second child'
 );
 SELECT results_eq(
     $$SELECT a.from_state::text, a.to_state::text, a.actor
-      FROM orch8.instance_transitions AS a WHERE a.instance_id = pg_temp.id('s1')
+      FROM orch8.instance_transitions AS a WHERE a.instance_id = tap.id('s1')
       ORDER BY a.seq$$,
     $$VALUES (NULL, 'scheduled', 'create'), ('scheduled', 'running', 'tree-runner'),
              ('running', 'waiting', 'runner'), ('waiting', 'running', 'tree-runner'),
@@ -914,46 +796,46 @@ SELECT results_eq(
 );
 
 -- a child that fails fails its node
-SELECT pg_temp.new('s2', 'sub', '{"n": 4}');
-SELECT results_eq($$SELECT * FROM pg_temp.claim()$$, $$VALUES ('s2:half')$$, 's2: claimed');
+SELECT tap.new('s2', 'sub', '{"n": 4}');
+SELECT results_eq($$SELECT * FROM tap.claim()$$, $$VALUES ('s2:half')$$, 's2: claimed');
 SELECT FROM orch8.run_child(
-    'tree', pg_temp.id('s2'), pg_temp.tok('s2', 'half'), 'half',
-    pg_temp.id('halve'), '{"n": 4}'
+    'tree', tap.id('s2'), tap.tok('s2', 'half'), 'half',
+    tap.id('halve'), '{"n": 4}'
 );
-INSERT INTO names (name, id)
+INSERT INTO tap.names (name, id)
 SELECT
     'c2' AS name,
-    (pg_temp.node('s2', 'half')).child_instance_id AS id;
-SELECT results_eq($$SELECT * FROM pg_temp.claim()$$, $$VALUES ('c2:div')$$, 'c2: claimed');
+    (tap.node('s2', 'half')).child_instance_id AS id;
+SELECT results_eq($$SELECT * FROM tap.claim()$$, $$VALUES ('c2:div')$$, 'c2: claimed');
 SELECT results_eq(
-    $$SELECT state FROM pg_temp.finish('c2', 'div', 'error', '{}', 'division failed')$$,
+    $$SELECT state FROM tap.finish('c2', 'div', 'error', '{}', 'division failed')$$,
     $$VALUES ('failed')$$,
     'the child fails'
 );
 SELECT results_eq(
-    $$SELECT * FROM pg_temp.claim()$$, $$VALUES ('s2:half')$$,
+    $$SELECT * FROM tap.claim()$$, $$VALUES ('s2:half')$$,
     'the parent''s node is ready again and claimed'
 );
 SELECT results_eq(
     $$SELECT r.state::text
-      FROM orch8.run_child('tree', pg_temp.id('s2'), pg_temp.tok('s2', 'half'), 'half',
-                           pg_temp.id('halve'), '{"n": 4}') AS r$$,
+      FROM orch8.run_child('tree', tap.id('s2'), tap.tok('s2', 'half'), 'half',
+                           tap.id('halve'), '{"n": 4}') AS r$$,
     $$VALUES ('failed')$$,
     'run_child: the child failed: the node and the parent fail'
 );
 SELECT results_eq(
-    $$SELECT n.state::text, n.error FROM pg_temp.node('s2', 'half') AS n$$,
-    $$SELECT 'failed', format('child %s failed: division failed', pg_temp.id('c2'))$$,
+    $$SELECT n.state::text, n.error FROM tap.node('s2', 'half') AS n$$,
+    $$SELECT 'failed', format('child %s failed: division failed', tap.id('c2'))$$,
     'run_child: the node''s error names the child and its error'
 );
 
 -- an input that did not render fails the node without a child
-SELECT pg_temp.new('s3', 'sub', '{}');
-SELECT results_eq($$SELECT * FROM pg_temp.claim()$$, $$VALUES ('s3:half')$$, 's3: claimed');
+SELECT tap.new('s3', 'sub', '{}');
+SELECT results_eq($$SELECT * FROM tap.claim()$$, $$VALUES ('s3:half')$$, 's3: claimed');
 SELECT results_eq(
     $$SELECT r.state::text
-      FROM orch8.run_child('tree', pg_temp.id('s3'), pg_temp.tok('s3', 'half'), 'half',
-                           pg_temp.id('halve'), NULL, 'data.n is undefined') AS r$$,
+      FROM orch8.run_child('tree', tap.id('s3'), tap.tok('s3', 'half'), 'half',
+                           tap.id('halve'), NULL, 'data.n is undefined') AS r$$,
     $$VALUES ('failed')$$,
     'run_child with an error: the node fails'
 );
@@ -961,12 +843,12 @@ SELECT results_eq(
     $$SELECT n.error, n.child_instance_id,
              (SELECT o.sentinel FROM orch8.block_outputs AS o
               WHERE o.instance_id = n.instance_id AND o.block_id = 'half')
-      FROM pg_temp.node('s3', 'half') AS n$$,
+      FROM tap.node('s3', 'half') AS n$$,
     $$VALUES ('data.n is undefined', NULL::uuid, '__error__'::text)$$,
     'run_child with an error: no child, an __error__ row, the error kept'
 );
 SELECT is(
-    (SELECT count(*)::integer FROM pg_temp.claim()), 0,
+    (SELECT count(*)::integer FROM tap.claim()), 0,
     'every instance ran to its end: nothing is left to claim'
 );
 
