@@ -257,25 +257,23 @@ SELECT is(
     '826498ec-87fb-8e62-95cb-77ad101c9496'::uuid,
     'the documented computation gives 11_effect_ids.sql''s flat vector for charge'
 );
+-- nested paths of each kind, with epochs and attempts around them
+CREATE TEMP TABLE nested_paths (n integer, path text, epoch bigint, attempt integer);
+INSERT INTO nested_paths VALUES
+(1, 'fan#0/ship', 0, 0), (2, 'fan#1/ship', 0, 0),
+(3, 'items[3]/x', 7, 1), (4, 'items[10]/x', 7, 1),
+(5, 'pay.try/charge', 4294967301, 0), (6, 'pay.catch/charge', 1, 3),
+(7, 'tier.route0/gold', 2, 0), (8, 'poll[0]/lines[12]/charge', 3, 2),
+(9, 'fan#1/ship-é', 0, 0);
 SELECT results_eq(
     $$SELECT p.path, orch8.deterministic_effect_id(
                  '6f1c2b3a-4d5e-4f60-8172-83a4b5c6d7e8', p.epoch,
                  '00000000-0000-0000-0000-0000000000a2', p.path, p.attempt)
-      FROM (VALUES (1, 'fan#0/ship', 0::bigint, 0), (2, 'fan#1/ship', 0, 0),
-                   (3, 'items[3]/x', 7, 1), (4, 'items[10]/x', 7, 1),
-                   (5, 'pay.try/charge', 4294967301, 0), (6, 'pay.catch/charge', 1, 3),
-                   (7, 'tier.route0/gold', 2, 0), (8, 'poll[0]/lines[12]/charge', 3, 2),
-                   (9, 'fan#1/ship-é', 0, 0)) AS p (n, path, epoch, attempt)
-      ORDER BY p.n$$,
+      FROM nested_paths AS p ORDER BY p.n$$,
     $$SELECT p.path, pg_temp.documented_effect_id(
                  '6f1c2b3a-4d5e-4f60-8172-83a4b5c6d7e8', p.epoch,
                  '00000000-0000-0000-0000-0000000000a2', p.path, p.attempt)
-      FROM (VALUES (1, 'fan#0/ship', 0::bigint, 0), (2, 'fan#1/ship', 0, 0),
-                   (3, 'items[3]/x', 7, 1), (4, 'items[10]/x', 7, 1),
-                   (5, 'pay.try/charge', 4294967301, 0), (6, 'pay.catch/charge', 1, 3),
-                   (7, 'tier.route0/gold', 2, 0), (8, 'poll[0]/lines[12]/charge', 3, 2),
-                   (9, 'fan#1/ship-é', 0, 0)) AS p (n, path, epoch, attempt)
-      ORDER BY p.n$$,
+      FROM nested_paths AS p ORDER BY p.n$$,
     'deterministic_effect_id of nested paths: the documented SHA-256 over the path as UTF-8'
 );
 SELECT is(
