@@ -53,7 +53,7 @@ INSERT INTO defs VALUES
           "params": {"url": "https://api.example/{{ nope.x }}",
                      "headers": {"x-id": "{{ data.x"}},
           "retry": {"max_attempts": 0}},
-         {"id": "fetch", "type": "step", "handler": "log", "delay": 5},
+         {"id": "fetch", "type": "step", "handler": "log", "send_window": 5},
          {"id": "jump", "type": "teleport"},
          {"id": "fan", "type": "parallel", "branches": []},
          {"id": "notify", "type": "step", "params": {}}],
@@ -86,6 +86,15 @@ SELECT bag_eq(
              ('block_type', 'step'), ('block_type', 'parallel'), ('block_type', 'race'),
              ('block_type', 'loop'), ('block_type', 'for_each'), ('block_type', 'router'),
              ('block_type', 'try_catch'), ('block_type', 'sub_sequence'), ('block_type', 'saga'),
+             ('block_type', 'sleep'), ('block_type', 'wait_for_signal'),
+             ('block_type', 'wait_for_input'),
+             ('sleep', 'type'), ('sleep', 'id'), ('sleep', 'duration'),
+             ('wait_for_signal', 'type'), ('wait_for_signal', 'id'), ('wait_for_signal', 'signal'),
+             ('wait_for_signal', 'timeout'), ('wait_for_signal', 'on_timeout'),
+             ('wait_for_input', 'type'), ('wait_for_input', 'id'), ('wait_for_input', 'prompt'),
+             ('wait_for_input', 'choices'), ('wait_for_input', 'timeout'),
+             ('wait_for_input', 'on_timeout'),
+             ('step', 'delay'),
              ('step', 'type'), ('step', 'id'), ('step', 'handler'), ('step', 'params'),
              ('step', 'timeout'), ('step', 'retry'), ('step', 'provider_idempotency'),
              ('step', 'verify'), ('step', 'output_schema'), ('step', 'when'),
@@ -131,9 +140,10 @@ SELECT is_empty(
 
 SELECT results_eq(
     $$SELECT f.path, f.message FROM orch8.sequence_field_problems(
-        'step', '{"when": "x", "type": "step", "colour": "red", "delay": 5}', '$.blocks[0]') AS f$$,
+        'step', '{"when": "x", "type": "step", "colour": "red", "send_window": 5}',
+        '$.blocks[0]') AS f$$,
     $$VALUES ('$.blocks[0].colour', 'unknown field'),
-             ('$.blocks[0].delay', 'delay is not supported yet')$$,
+             ('$.blocks[0].send_window', 'send_window is not supported yet')$$,
     'sequence_field_problems: known but not run is "not supported yet", others unknown, by key'
 );
 
@@ -295,7 +305,8 @@ SELECT results_eq(
         'definition', 1) AS b$$,
     $$VALUES ('$.b.id', 'id is longer than 200 characters'),
              ('$.b.type', 'unknown block type "teleport" (known: step, parallel, race, loop, '
-              || 'for_each, router, try_catch, sub_sequence, saga)')$$,
+              || 'for_each, router, try_catch, sub_sequence, saga, sleep, wait_for_signal, '
+              || 'wait_for_input)')$$,
     'sequence_block_problems: id length and an unknown type'
 );
 
@@ -425,7 +436,7 @@ SELECT results_eq(
         ('$.blocks[0].params.url'),
         ('$.blocks[0].params.headers["x-id"]'),
         ('$.blocks[0].retry.max_attempts'),
-        ('$.blocks[1].delay'),
+        ('$.blocks[1].send_window'),
         ('$.blocks[2].type'),
         ('$.blocks[3].branches'),
         ('$.blocks[4].handler'),
@@ -445,7 +456,7 @@ SELECT is(
             ('$.blocks[0].params.url', 'template "{{ nope.x }}" has an unknown root "nope"%'),
             ('$.blocks[0].params.headers["x-id"]', 'unclosed template%'),
             ('$.blocks[0].retry.max_attempts', 'max_attempts must be an integer from 1 to 100'),
-            ('$.blocks[1].delay', 'delay is not supported yet'),
+            ('$.blocks[1].send_window', 'send_window is not supported yet'),
             ('$.blocks[2].type', 'unknown block type "teleport"%'),
             ('$.blocks[3].branches', 'branches is required: an array of 1 to 256 branches%'),
             ('$.blocks[4].handler', 'handler is required%'),

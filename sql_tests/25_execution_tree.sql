@@ -102,7 +102,7 @@ SELECT results_eq(
       ORDER BY f.i$$,
     $$VALUES ('ready', false, true, false, false, false, false, false, true),
              ('running', true, false, true, true, true, true, true, true),
-             ('waiting', true, false, false, true, true, true, false, true),
+             ('waiting', true, true, false, true, true, true, false, true),
              ('blocked', true, false, true, false, true, true, false, true),
              ('completed', false, false, false, false, false, false, false, false),
              ('failed', true, true, false, false, true, false, false, false),
@@ -115,8 +115,8 @@ SELECT results_eq(
              count(*) FILTER (WHERE t.from_state IN ('completed', 'skipped'))::integer,
              count(*) FILTER (WHERE t.from_state = t.to_state)::integer
       FROM orch8.node_transition_table AS t$$,
-    $$VALUES (26, 0, 0)$$,
-    'node_transition_table: 26 moves, none out of completed or skipped, none in place'
+    $$VALUES (27, 0, 0)$$,
+    'node_transition_table: 27 moves, none out of completed or skipped, none in place'
 );
 SELECT is(
     orch8.node_can_transition(NULL, 'ready'), NULL,
@@ -126,9 +126,10 @@ SELECT is(
     orch8.node_kinds(),
     ARRAY[
         'sequence', 'step', 'compensation', 'parallel', 'race', 'loop', 'for_each',
-        'router', 'try_catch', 'saga', 'undo', 'sub_sequence'
+        'router', 'try_catch', 'saga', 'undo', 'sub_sequence', 'sleep', 'wait_for_signal',
+        'wait_for_input'
     ],
-    'node_kinds: a list, a step, a compensation, each composite type, a sub_sequence'
+    'node_kinds: a list, a step, a compensation, each composite type, a sub_sequence, the waits'
 );
 
 -- 2. The path grammar ---------------------------------------------------------------------

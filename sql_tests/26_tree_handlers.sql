@@ -90,8 +90,8 @@ SELECT results_eq(
     $$SELECT count(*)::integer, count(DISTINCT c.type)::integer,
              count(*) FILTER (WHERE c.binds IS NOT NULL)::integer
       FROM orch8.block_containers() AS c$$,
-    $$VALUES (13, 8, 5)$$,
-    'block_containers: 13 fields of 8 holders (the definition and 7 types), 5 of them bind'
+    $$VALUES (15, 10, 5)$$,
+    'block_containers: 15 fields of 10 holders (the definition and 9 types), 5 of them bind'
 );
 SELECT results_eq(
     $$SELECT c.type, c.field, c.shape, c.binds FROM orch8.block_containers() AS c
@@ -131,8 +131,12 @@ SELECT results_eq(
 );
 SELECT is(
     orch8.claimable_kinds(),
-    ARRAY['step', 'compensation', 'loop', 'for_each', 'router', 'sub_sequence'],
-    'claimable_kinds: steps, compensations, the composites that ask a value, sub_sequence'
+    ARRAY[
+        'step', 'compensation', 'loop', 'for_each', 'router', 'sub_sequence',
+        'wait_for_input'
+    ],
+    'claimable_kinds: steps, compensations, the composites that ask a value, sub_sequence, '
+    || 'wait_for_input'
 );
 SELECT is(
     (
@@ -140,8 +144,11 @@ SELECT is(
         FROM unnest(orch8.node_kinds()) WITH ORDINALITY AS k (kind, n)
         WHERE NOT k.kind = any(orch8.claimable_kinds())
     ),
-    ARRAY['sequence', 'parallel', 'race', 'try_catch', 'saga', 'undo'],
-    'node_kinds: the kinds no runner claims (moved by SQL alone) are the lists and the '
+    ARRAY[
+        'sequence', 'parallel', 'race', 'try_catch', 'saga', 'undo', 'sleep',
+        'wait_for_signal'
+    ],
+    'node_kinds: the kinds no runner claims (moved by SQL alone) are the lists, the waits and the '
     'composites that ask nothing'
 );
 SELECT results_eq(

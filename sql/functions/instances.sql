@@ -110,9 +110,17 @@ BEGIN
     END IF;
     -- the tree: the root list and its first block, ready at next_fire_at
     PERFORM orch8.start_list(v_row, '', NULL, NULL, ARRAY['blocks'], '{}');
-    UPDATE orch8.execution_nodes AS n SET next_fire_at = v_row.next_fire_at
-    WHERE n.tenant_id = p_tenant_id AND n.instance_id = v_row.id AND n.state = 'ready'
-      AND n.next_fire_at <> v_row.next_fire_at;
+    IF p_next_fire_at IS NOT NULL THEN  -- due at another time: a first step's delay after it
+        UPDATE orch8.execution_nodes AS n
+        SET next_fire_at = n.next_fire_at + (v_row.next_fire_at - orch8.now())
+        WHERE n.tenant_id = p_tenant_id AND n.instance_id = v_row.id AND n.state = 'ready';
+    END IF;
+    -- a first step's delay: the instance is due when its node is
+    UPDATE orch8.task_instances AS t SET next_fire_at = d.at
+    FROM (SELECT min(n.next_fire_at) AS at FROM orch8.execution_nodes AS n
+          WHERE n.tenant_id = p_tenant_id AND n.instance_id = v_row.id
+            AND n.state = 'ready') AS d
+    WHERE t.tenant_id = p_tenant_id AND t.id = v_row.id AND d.at > t.next_fire_at;
     PERFORM pg_notify('orch8_work', '');
     -- a definition with nothing to run (stored before blocks were required) ends here
     RETURN QUERY SELECT v_row.id,
@@ -227,6 +235,8 @@ BEGIN
             USING ERRCODE = 'O8008';
     END IF;
     PERFORM orch8.reclaim_expired_leases(p_batch);
+    -- timers first, so what they ready is claimed in this very call
+    PERFORM orch8.fire_timers(4 * p_batch);
     -- The instance's row is locked with the node's, and both are skipped when busy: every
     -- other move of a tree locks the instance first (one lock order), and a busy instance
     -- is some other runner's moment.
@@ -267,7 +277,8 @@ END
 $$;
 
 COMMENT ON FUNCTION orch8.claim_due_nodes(text, integer, interval) IS
-'One round trip for a batch: reclaim up to p_batch expired node leases, then claim up to '
+'One round trip for a batch: reclaim up to p_batch expired node leases, fire up to '
+'4 * p_batch due timers (fire_timers: sleeps end, waits time out), then claim up to '
 'p_batch due ready nodes of instances that are not paused (priority, then next_fire_at; '
 'FOR UPDATE SKIP LOCKED, the node''s instance locked with it), each with a fresh lease '
 'token and expiry now + p_lease; their instances become running. Every later write for '
@@ -611,7 +622,8 @@ RETURNS TABLE (
     vars jsonb,
     parent_instance_id uuid,
     lease_token uuid,
-    progress jsonb
+    progress jsonb,
+    context_version integer
 )
 LANGUAGE plpgsql
 AS $$
@@ -630,7 +642,8 @@ BEGIN
         orch8.compute_attempt(c.tenant_id, c.instance_id, c.path), c.block_id, c.kind,
         c.position, c.items ->> 'asking', c.child_instance_id,
         orch8.node_vars(c.tenant_id, c.instance_id, c.path),
-        t.parent_instance_id, c.lease_token, orch8.instance_progress(c.tenant_id, c.instance_id)
+        t.parent_instance_id, c.lease_token, orch8.instance_progress(c.tenant_id, c.instance_id),
+        t.context_version
     FROM unnest(v_claimed) AS c
     JOIN orch8.task_instances AS t ON t.tenant_id = c.tenant_id AND t.id = c.instance_id;
 END
@@ -638,7 +651,8 @@ $$;
 
 COMMENT ON FUNCTION orch8.claim_work(text, integer, interval) IS
 'The runner''s claim: claim_due_nodes plus, per node, what running it needs: its '
-'instance''s context, its path, attempt (compute_attempt), block id, kind, position and '
+'instance''s context (and its context_version), its path, attempt (compute_attempt), '
+'block id, kind, position and '
 'what it asks for (a loop''s condition or break_on, a collection, a route), its child '
 'instance, its variables (node_vars) and the outputs of the whole instance, so a batch '
 'costs one round trip and the steps that follow need no further reads. The attempt and '

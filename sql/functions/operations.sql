@@ -160,48 +160,6 @@ COMMENT ON FUNCTION orch8.resume_instance(text, uuid, text) IS
 'state is returned), or withdraw a pause still pending on a running one. Any other '
 'state: O8004.';
 
-CREATE OR REPLACE FUNCTION orch8.send_signal(
-    p_tenant_id text, p_instance_id uuid, p_signal_type text, p_payload jsonb, p_actor text
-)
-RETURNS TABLE (signal_id bigint, outcome text)
-LANGUAGE plpgsql
-AS $$
-DECLARE
-    v_outcome text;
-    v_id bigint;
-BEGIN
-    PERFORM orch8.require_tenant(p_tenant_id);  -- the web role acts in its sealed tenant
-    PERFORM orch8.load_instance(p_tenant_id, p_instance_id);
-    PERFORM orch8.require_domain(p_signal_type, 'orch8.signal_type', 'signal type');
-    IF jsonb_typeof(p_payload) IS DISTINCT FROM 'object' THEN
-        RAISE EXCEPTION 'a signal''s payload must be a JSON object, got %',
-            coalesce(jsonb_typeof(p_payload), 'NULL')
-            USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'payload')::text;
-    END IF;
-    PERFORM orch8.require_size('payload', 'signal_payload_bytes', octet_length(p_payload::text)),
-            orch8.require_size('actor', 'actor_chars', char_length(p_actor));
-    v_outcome := CASE p_signal_type
-        WHEN 'cancel' THEN orch8.cancel_instance(p_tenant_id, p_instance_id, p_actor, 'signal')
-        WHEN 'pause' THEN orch8.pause_instance(p_tenant_id, p_instance_id, p_actor, 'signal')
-        WHEN 'resume' THEN orch8.resume_instance(p_tenant_id, p_instance_id, p_actor)
-        ELSE 'recorded'
-    END;
-    INSERT INTO orch8.instance_signals AS s (
-        tenant_id, instance_id, signal_type, payload, actor, outcome
-    ) VALUES (
-        p_tenant_id, p_instance_id, p_signal_type, p_payload, p_actor, v_outcome
-    )
-    RETURNING s.id INTO v_id;
-    RETURN QUERY SELECT v_id, v_outcome;
-END
-$$;
-
-COMMENT ON FUNCTION orch8.send_signal(text, uuid, text, jsonb, text) IS
-'Record a signal for an instance. cancel, pause and resume act (see their functions); '
-'other types are stored for the workflow (outcome recorded). A type that is not an '
-'orch8.signal_type, a payload that is not a JSON object or is over signal_payload_bytes, '
-'an actor over actor_chars: O8008.';
-
 CREATE OR REPLACE FUNCTION orch8.blocks_reading_output(p_definition jsonb, p_block_id text)
 RETURNS text[]
 LANGUAGE sql

@@ -220,6 +220,10 @@ AS $$
     ('block_type', 'sub_sequence', true, 'runs another sequence as a child instance'),
     ('block_type', 'saga', true,
      'runs its blocks in order; when one fails, compensates the completed steps'),
+    ('block_type', 'sleep', true, 'waits for a duration, holding no runner'),
+    ('block_type', 'wait_for_signal', true, 'waits for a named signal, with a timeout'),
+    ('block_type', 'wait_for_input', true,
+     'waits for a person to answer a prompt with one of its choices, with a timeout'),
     ('block_type', 'a_b_split', false, 'not supported yet'),
     ('block_type', 'cancellation_scope', false, 'not supported yet'),
     -- a step
@@ -233,12 +237,14 @@ AS $$
      'the provider deduplicates by the idempotency key: one key for every attempt, and a '
      'retry after an ambiguous outcome resends under it'),
     ('step', 'verify', true, 'how to settle an unknown outcome without a person'),
-    ('step', 'delay', false, 'not supported yet'),
+    ('step', 'delay', true,
+     'a duration to wait before the first attempt (ms, or 30s, 15m, 2h, 3d)'),
     ('step', 'rate_limit_key', false, 'not supported yet'),
     ('step', 'send_window', false, 'not supported yet'),
     ('step', 'context_access', false, 'not supported yet'),
     ('step', 'cancellable', false, 'not supported yet'),
-    ('step', 'wait_for_input', false, 'not supported yet'),
+    ('step', 'wait_for_input', false,
+     'not a step field here: a person''s answer is the wait_for_input block'),
     ('step', 'queue_name', false, 'not supported yet'),
     ('step', 'deadline', false, 'not supported yet'),
     ('step', 'on_deadline_breach', false, 'not supported yet'),
@@ -308,6 +314,24 @@ AS $$
     ('sub_sequence', 'namespace', true, 'its namespace (default: the parent''s)'),
     ('sub_sequence', 'version', true, 'its version (default: the latest when the child starts)'),
     ('sub_sequence', 'input', true, 'the child''s data, with {{ }} templates'),
+    ('sleep', 'type', true, 'sleep'),
+    ('sleep', 'id', true, 'unique among the blocks; A-Z a-z 0-9 _ -'),
+    ('sleep', 'duration', true, 'how long (ms, or 30s, 15m, 2h, 3d, 1h30m)'),
+    ('wait_for_signal', 'type', true, 'wait_for_signal'),
+    ('wait_for_signal', 'id', true, 'unique among the blocks; A-Z a-z 0-9 _ -'),
+    ('wait_for_signal', 'signal', true,
+     'the signal''s name (a custom one: not cancel, pause, resume, update_context, input)'),
+    ('wait_for_signal', 'timeout', true, 'how long to wait (a duration); none: forever'),
+    ('wait_for_signal', 'on_timeout', true,
+     'the blocks run when it times out (without them, a timeout fails the block)'),
+    ('wait_for_input', 'type', true, 'wait_for_input'),
+    ('wait_for_input', 'id', true, 'unique among the blocks; A-Z a-z 0-9 _ -'),
+    ('wait_for_input', 'prompt', true, 'what the person is asked, with {{ }} templates'),
+    ('wait_for_input', 'choices', true, 'the answers they may give: 1 to 20 distinct strings'),
+    ('wait_for_input', 'timeout', true, 'how long to wait (a duration); none: forever'),
+    ('wait_for_input', 'on_timeout', true,
+     'the blocks run when nobody answered in time: escalation (without them, a timeout '
+     'fails the block)'),
     ('compensation', 'handler', true, 'the handler that undoes the step'),
     ('compensation', 'params', true, 'its parameters, with {{ }} templates'),
     ('compensation', 'timeout', true, 'milliseconds the handler may run'),
@@ -346,7 +370,7 @@ COMMENT ON FUNCTION orch8.sequence_language() IS
 'Every field of the sequence language, by scope (definition, block_type, step, retry, '
 'verify, verify_http, invariant, invariant_type, and each composite block type: '
 'parallel, race, loop, for_each, router, route, try_catch, saga, sub_sequence, '
-'compensation), and whether this engine runs it. '
+'compensation, sleep, wait_for_signal, wait_for_input), and whether this engine runs it. '
 'validate_sequence accepts exactly the supported ones and refuses the others with their '
 'note ("not supported yet"); a name not listed is "unknown".';
 
@@ -733,6 +757,15 @@ BEGIN
            jsonb_typeof(p_step -> 'when') = 'string' AND p_step ->> 'when' <> '', false) THEN
         RETURN QUERY SELECT p_path || '.when', 'when must be a non-empty string (an expression)';
     END IF;
+    IF p_step ? 'delay' THEN
+        RETURN QUERY SELECT p_path || '.delay', m
+        FROM orch8.duration_problem(p_step -> 'delay', 'delay') AS m WHERE m IS NOT NULL;
+    END IF;
+    IF p_step ->> 'handler' = 'sleep' THEN
+        RETURN QUERY SELECT p_path || '.handler',
+            'the sleep handler held a runner thread for the whole sleep; use a sleep block: '
+            '{"type": "sleep", "id": "...", "duration": "1h"} (it holds nothing)';
+    END IF;
     IF p_step ? 'output_schema' AND jsonb_typeof(p_step -> 'output_schema') <> 'object' THEN
         RETURN QUERY SELECT p_path || '.output_schema',
             'output_schema must be a JSON Schema (an object)';
@@ -758,7 +791,8 @@ $$;
 COMMENT ON FUNCTION orch8.sequence_step_problems(jsonb, text, text[], text) IS
 'Problems of a step block beyond id and type: the handler call (sequence_call_problems, '
 'templates over p_roots), provider_idempotency (a boolean, for a side-effecting '
-'handler), verify (sequence_verify_problems), when (a non-empty string), output_schema '
+'handler), verify (sequence_verify_problems), when (a non-empty string), delay (a '
+'duration), the sleep handler (refused: the sleep block holds no runner), output_schema '
 '(an object), compensation (only directly inside a saga: p_parent_type; a handler call '
 'of its own), and fields the language does not accept in a step.';
 
@@ -918,6 +952,53 @@ BEGIN
             END LOOP;
         END IF;
     END IF;
+    IF v_type = 'sleep' THEN
+        IF NOT p_block ? 'duration' THEN
+            RETURN QUERY SELECT p_path || '.duration',
+                'duration is required (ms, or a string such as 30s, 15m, 2h, 3d)';
+        ELSE
+            RETURN QUERY SELECT p_path || '.duration', m
+            FROM orch8.duration_problem(p_block -> 'duration', 'duration') AS m WHERE m IS NOT NULL;
+        END IF;
+    END IF;
+    IF v_type IN ('wait_for_signal', 'wait_for_input') THEN
+        IF p_block ? 'timeout' THEN
+            RETURN QUERY SELECT p_path || '.timeout', m
+            FROM orch8.duration_problem(p_block -> 'timeout', 'timeout') AS m WHERE m IS NOT NULL;
+        ELSIF p_block ? 'on_timeout' THEN
+            RETURN QUERY SELECT p_path || '.on_timeout', 'on_timeout needs a timeout';
+        END IF;
+    END IF;
+    IF v_type = 'wait_for_signal' AND NOT coalesce(
+           jsonb_typeof(p_block -> 'signal') = 'string'
+           AND orch8.fits_domain(p_block ->> 'signal', 'orch8.signal_type')
+           AND p_block ->> 'signal' <> ALL (orch8.builtin_signals()), false) THEN
+        RETURN QUERY SELECT p_path || '.signal', format(
+            'signal is required: a custom signal''s name (%s; not %s)',
+            obj_description('orch8.signal_type'::regtype, 'pg_type'),
+            array_to_string(orch8.builtin_signals(), ', '));
+    END IF;
+    IF v_type = 'wait_for_input' THEN
+        IF NOT coalesce(jsonb_typeof(p_block -> 'prompt') = 'string'
+                        AND p_block ->> 'prompt' <> '', false) THEN
+            RETURN QUERY SELECT p_path || '.prompt', 'prompt is required (a non-empty string)';
+        ELSE
+            RETURN QUERY SELECT p_path || '.prompt', t.problem
+            FROM orch8.sequence_template_problems(p_block ->> 'prompt', p_roots) AS t (problem);
+        END IF;
+        IF NOT coalesce(
+               jsonb_typeof(p_block -> 'choices') = 'array'
+               AND jsonb_array_length(p_block -> 'choices') BETWEEN 1 AND 20
+               AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p_block -> 'choices') AS c
+                               WHERE jsonb_typeof(c) <> 'string' OR c #>> '{}' = ''
+                                  OR length(c #>> '{}') > 100)
+               AND (SELECT count(DISTINCT c) FROM jsonb_array_elements(p_block -> 'choices') AS c)
+                   = jsonb_array_length(p_block -> 'choices'), false) THEN
+            RETURN QUERY SELECT p_path || '.choices',
+                'choices is required: 1 to 20 distinct non-empty strings of at most 100 '
+                'characters';
+        END IF;
+    END IF;
     IF v_type = 'try_catch' AND NOT (p_block ? 'catch_block' OR p_block ? 'finally_block') THEN
         RETURN QUERY SELECT p_path, 'a try_catch needs catch_block, finally_block or both';
     END IF;
@@ -960,8 +1041,10 @@ COMMENT ON FUNCTION orch8.sequence_composite_problems(jsonb, text, text[], text[
 '(non-empty strings), max_iterations (1..max_iterations), concurrency '
 '(1..for_each_concurrency), item_var and index_var (names, not taken, not bound around '
 'the block: p_vars), routes (1 to branches {condition, blocks}), a try_catch''s catch or '
-'finally, and a sub_sequence''s sequence_name, namespace, version and input (templates '
-'over p_roots). Expressions are parsed by orch8_py before storing.';
+'finally, a sub_sequence''s sequence_name, namespace, version and input (templates '
+'over p_roots), a sleep''s duration, a wait''s timeout (a duration; on_timeout only with '
+'one), a wait_for_signal''s signal (a custom signal''s name) and a wait_for_input''s '
+'prompt (templates) and choices. Expressions are parsed by orch8_py before storing.';
 
 CREATE OR REPLACE FUNCTION orch8.sequence_block_problems(
     p_block jsonb, p_path text, p_vars text[], p_parent_type text, p_depth integer

@@ -190,20 +190,26 @@ BEGIN
             ARRAY['blocks'], p_inst.priority
         );
         PERFORM orch8.list_next(p_inst, v_path);
+    ELSIF v_type IN ('sleep', 'wait_for_signal') THEN
+        PERFORM orch8.start_wait(p_inst, p_parent, p_block);
     ELSE
         -- claimable: a step, a composite that first needs a value (loop, for_each,
         -- router), a sub_sequence; a type this engine does not run is a step the runner
         -- fails, naming the type
         INSERT INTO orch8.execution_nodes (
-            tenant_id, instance_id, path, parent_path, block_id, kind, state, priority, items
+            tenant_id, instance_id, path, parent_path, block_id, kind, state, priority, items,
+            next_fire_at
         ) VALUES (
             p_inst.tenant_id, p_inst.id, v_path, p_parent, v_id,
-            CASE WHEN v_type IN ('loop', 'for_each', 'router', 'sub_sequence') THEN v_type
-                 ELSE 'step' END,
+            CASE WHEN v_type IN ('loop', 'for_each', 'router', 'sub_sequence', 'wait_for_input')
+                 THEN v_type ELSE 'step' END,
             'ready', p_inst.priority,
             CASE v_type WHEN 'loop' THEN '{"asking": "condition"}'::jsonb
                         WHEN 'for_each' THEN '{"asking": "collection"}'::jsonb
-                        WHEN 'router' THEN '{"asking": "route"}'::jsonb END
+                        WHEN 'router' THEN '{"asking": "route"}'::jsonb END,
+            -- a step's delay: claimable once it has passed
+            coalesce(orch8.after_ms(orch8.duration_ms(
+                CASE WHEN v_type = 'step' THEN p_block -> 'delay' END)), orch8.now())
         );
         UPDATE orch8.task_instances AS t SET current_block = v_path
         WHERE t.tenant_id = p_inst.tenant_id AND t.id = p_inst.id;
@@ -213,9 +219,10 @@ $$;
 
 COMMENT ON FUNCTION orch8.start_block(orch8.task_instances, text, jsonb) IS
 'Start a block in the list at p_parent: parallel and race create every branch (p#i) and '
-'start them; try_catch starts its .try; saga starts its first block; a step, loop, '
-'for_each, router or sub_sequence becomes a ready node for a runner to claim (and the '
-'instance''s current_block).';
+'start them; try_catch starts its .try; saga starts its first block; a sleep or a '
+'wait_for_signal starts waiting (start_wait); a step (claimable once its delay has '
+'passed), loop, for_each, router, sub_sequence or wait_for_input becomes a ready node '
+'for a runner to claim (and the instance''s current_block).';
 
 CREATE OR REPLACE FUNCTION orch8.start_list(
     p_inst orch8.task_instances,
@@ -547,6 +554,14 @@ BEGIN
         PERFORM orch8.try_catch_part_ended(p_inst, v_parent, v_block, p_node);
         RETURN;
     END IF;
+
+    IF v_parent.kind IN ('wait_for_signal', 'wait_for_input') THEN  -- its on_timeout ended
+        PERFORM orch8.end_node(p_inst, v_parent.path, p_node.state,
+            CASE WHEN p_node.state = 'completed'
+                 THEN orch8.node_output(p_inst.tenant_id, p_inst.id, p_node.path) END,
+            p_node.error, CASE WHEN p_node.state = 'failed' THEN p_node.path END);
+        RETURN;
+    END IF;
     RAISE EXCEPTION 'node % of instance % has a parent of kind %, which holds no children',
         p_node.path, p_inst.id, v_parent.kind USING ERRCODE = 'O8004';
 END
@@ -560,7 +575,8 @@ COMMENT ON FUNCTION orch8.node_ended(orch8.task_instances, orch8.execution_nodes
 'first completed branch, or (first_to_resolve) its first failed one, cancelling the '
 'others; a loop asks for break_on or its next condition; for_each starts its next item, '
 'fails with a failed one, or completes with every item''s output; a router ends as its '
-'route did; try_catch moves to catch or finally. A parent that ended already ignores it. '
+'route did; try_catch moves to catch or finally; a wait ends as its on_timeout blocks '
+'did. A parent that ended already ignores it. '
 'The root and on_failure/on_cancel go to instance_end.';
 
 CREATE OR REPLACE FUNCTION orch8.start_iteration(
@@ -842,6 +858,7 @@ BEGIN
         count(*) FILTER (WHERE n.state = 'ready' AND n.next_fire_at <= orch8.now()) AS due,
         min(n.next_fire_at) FILTER (WHERE n.state = 'ready') AS next_at,
         count(*) FILTER (WHERE n.state = 'waiting') AS waiting,
+        min(n.wake_at) FILTER (WHERE n.state = 'waiting') AS wake_at,
         count(*) FILTER (WHERE n.state = 'blocked') AS blocked
     INTO v_counts
     FROM orch8.execution_nodes AS n
@@ -873,6 +890,7 @@ BEGIN
         v_at := v_counts.next_at;
     ELSIF v_counts.waiting > 0 THEN
         v_target := 'waiting';
+        v_at := v_counts.wake_at;  -- the earliest timer, NULL when nothing is timed
     ELSIF v_counts.blocked > 0 THEN
         v_target := 'failed';
         SELECT n.error INTO v_reason FROM orch8.execution_nodes AS n
@@ -893,7 +911,8 @@ BEGIN
         PERFORM pg_notify('orch8_work', '');  -- ready nodes: wake idle runners
     END IF;
     IF v_target = v_inst.state THEN
-        IF v_target = 'scheduled' AND v_inst.next_fire_at IS DISTINCT FROM v_at THEN
+        IF v_target IN ('scheduled', 'waiting') AND v_at IS NOT NULL
+           AND v_inst.next_fire_at IS DISTINCT FROM v_at THEN
             UPDATE orch8.task_instances AS t SET next_fire_at = v_at, updated_at = orch8.now()
             WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id;
         ELSIF v_target = 'failed' AND v_inst.error IS DISTINCT FROM v_reason THEN
@@ -923,7 +942,8 @@ COMMENT ON FUNCTION orch8.sync_instance(text, uuid, text, text) IS
 'completed; failed -> failed (once on_failure ran, its failure added); cancelled -> '
 'cancelled (once on_cancel ran and no node holds a lease). Otherwise: a paused one stays '
 'paused; a leased node -> running; a pause requested -> paused; a ready node -> '
-'scheduled (next_fire_at the earliest); a waiting one -> waiting; a blocked one -> '
+'scheduled (next_fire_at the earliest); a waiting one -> waiting (next_fire_at its '
+'earliest timer, when it has one); a blocked one -> '
 'failed with its error. Moves through transition_instance (audit row, actor and reason '
 'given); returns the state.';
 
@@ -1004,7 +1024,9 @@ BEGIN
         -- p_from_parent NULL): send them all
         CASE WHEN p_next.path IS NOT NULL
                   AND p_next.parent_path IS DISTINCT FROM p_from_parent
-             THEN orch8.instance_progress(p_tenant_id, p_instance_id) END;
+             THEN orch8.instance_progress(p_tenant_id, p_instance_id) END,
+        (SELECT t.context_version FROM orch8.task_instances AS t
+         WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id);
 END
 $$;
 
@@ -1015,7 +1037,8 @@ COMMENT ON FUNCTION orch8.node_answer(
 'with the actor and reason of the move) and, when a node was handed over, that node: '
 'path, attempt, block id, kind, position, what it asks for (a loop''s condition or '
 'break_on, a collection, a route), its child instance, its variables, and the '
-'instance''s outputs when it is not a sibling of the node that ended.';
+'instance''s outputs when it is not a sibling of the node that ended; always the '
+'instance''s context_version (a runner holding an older context reads it again).';
 
 -- The runner's answers for composites -----------------------------------------------------
 
@@ -1374,7 +1397,8 @@ SELECT
     n.lease_expires_at,
     n.next_fire_at,
     n.created_at,
-    n.ended_at
+    n.ended_at,
+    n.wake_at
 FROM orch8.execution_nodes AS n
 LEFT JOIN LATERAL (
     SELECT b.attempt FROM orch8.block_outputs AS b
@@ -1402,7 +1426,8 @@ LEFT JOIN LATERAL (
 COMMENT ON VIEW orch8.execution_tree IS
 'Each node of each instance''s execution tree with what an operator reads beside it: the '
 'latest attempt of a step (or sub_sequence), its latest receipt and that receipt''s '
-'state, its output (the latest), why it was cancelled, its child instance and its lease. '
+'state, its output (the latest), why it was cancelled, its child instance, its lease '
+'and a waiting node''s timer (wake_at). '
 'What the API, the CLI '
 'and the console draw as a tree (parent_path links a node to its parent; '
 'ORDER BY created_at, path gives the order things started).';

@@ -1,0 +1,556 @@
+-- Repeatable: time, signals and people (docs/ARCHITECTURE.md, "Time, signals and people").
+-- A sleep or a wait is a waiting node with a timer (wake_at) that fire_timers fires; a
+-- custom signal is consumed by exactly one wait_for_signal node, under the instance's row
+-- lock; a person's answer completes a wait_for_input node. Everything here runs under
+-- the instance's row lock, like the rest of the tree (tree.sql).
+
+-- Durations ----------------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION orch8.duration_ms(p_value jsonb)
+RETURNS bigint
+LANGUAGE plpgsql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+DECLARE
+    v_total numeric := 0;
+    v_part text [];
+BEGIN
+    IF jsonb_typeof(p_value) = 'number' THEN
+        IF p_value::text !~ '^[0-9]+$' THEN
+            RETURN NULL;
+        END IF;
+        v_total := p_value::text::numeric;
+    ELSIF jsonb_typeof(p_value) = 'string'
+          AND p_value #>> '{}' ~ '^([0-9]{1,12}(ms|s|m|h|d))+$' THEN
+        FOR v_part IN
+            SELECT m FROM regexp_matches(p_value #>> '{}', '([0-9]+)(ms|s|m|h|d)', 'g') AS m
+        LOOP
+            v_total := v_total + v_part[1]::numeric * CASE v_part[2]
+                WHEN 'ms' THEN 1 WHEN 's' THEN 1000 WHEN 'm' THEN 60000
+                WHEN 'h' THEN 3600000 ELSE 86400000 END;
+        END LOOP;
+    ELSE
+        RETURN NULL;
+    END IF;
+    IF v_total > orch8.limit_of('wait_ms') THEN
+        RETURN NULL;
+    END IF;
+    RETURN v_total::bigint;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.duration_ms(jsonb) IS
+'A duration of the language in milliseconds: a non-negative integer (milliseconds) or a '
+'string of units, 250ms, 30s, 15m, 2h, 3d, 1h30m. NULL when it is anything else or over '
+'the limit wait_ms. The validator and the interpreter both read it.';
+
+CREATE OR REPLACE FUNCTION orch8.duration_problem(p_value jsonb, p_field text)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+    SELECT format('%s must be a duration: milliseconds (an integer >= 0) or a string such '
+                  'as 30s, 15m, 2h, 3d, 1h30m; at most %s days',
+                  p_field, orch8.limit_of('wait_ms') / 86400000)
+    WHERE orch8.duration_ms(p_value) IS NULL
+$$;
+
+COMMENT ON FUNCTION orch8.duration_problem(jsonb, text) IS
+'The validator''s message for a field that is not a duration (duration_ms), or NULL.';
+
+CREATE OR REPLACE FUNCTION orch8.after_ms(p_ms bigint)
+RETURNS timestamptz
+LANGUAGE sql
+STABLE
+AS $$
+    SELECT orch8.now() + p_ms * interval '1 millisecond'
+$$;
+
+COMMENT ON FUNCTION orch8.after_ms(bigint) IS
+'orch8.now() plus p_ms milliseconds (NULL for NULL): when a sleep, a delay or a timeout '
+'that starts now ends.';
+
+-- Starting a wait ------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION orch8.start_wait(
+    p_inst orch8.task_instances, p_parent text, p_block jsonb
+)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_type text := p_block ->> 'type';
+    v_path text := orch8.child_path(p_parent, p_block ->> 'id');
+    v_signal orch8.instance_signals;
+BEGIN
+    INSERT INTO orch8.execution_nodes (
+        tenant_id, instance_id, path, parent_path, block_id, kind, state, priority, items,
+        wake_at
+    ) VALUES (
+        p_inst.tenant_id, p_inst.id, v_path, p_parent, p_block ->> 'id', v_type,
+        'waiting', p_inst.priority,
+        CASE WHEN v_type = 'wait_for_signal'
+             THEN jsonb_build_object('signal', p_block ->> 'signal') END,
+        orch8.after_ms(orch8.duration_ms(
+            p_block -> CASE WHEN v_type = 'sleep' THEN 'duration' ELSE 'timeout' END))
+    );
+    UPDATE orch8.task_instances AS t SET current_block = v_path
+    WHERE t.tenant_id = p_inst.tenant_id AND t.id = p_inst.id;
+    IF v_type = 'wait_for_signal' THEN
+        -- a signal that came before the wait was kept for it: the oldest one is consumed
+        SELECT * INTO v_signal FROM orch8.instance_signals AS s
+        WHERE s.tenant_id = p_inst.tenant_id AND s.instance_id = p_inst.id
+          AND s.signal_type = p_block ->> 'signal' AND s.outcome = 'pending'
+        ORDER BY s.id
+        LIMIT 1
+        FOR UPDATE;
+        IF v_signal.id IS NOT NULL THEN
+            PERFORM orch8.consume_signal(p_inst, v_path, v_signal);
+        END IF;
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.start_wait(orch8.task_instances, text, jsonb) IS
+'Start a sleep or a wait_for_signal in the list at p_parent: the node is waiting, its '
+'timer (wake_at) the sleep''s end or the wait''s timeout (none without one). A '
+'wait_for_signal consumes at once the oldest pending signal of its name (one sent before '
+'the wait began).';
+
+CREATE OR REPLACE FUNCTION orch8.consume_signal(
+    p_inst orch8.task_instances, p_path text, p_signal orch8.instance_signals
+)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    UPDATE orch8.instance_signals AS s
+    SET outcome = 'consumed', consumed_by = p_path, consumed_at = orch8.now()
+    WHERE s.tenant_id = p_signal.tenant_id AND s.instance_id = p_signal.instance_id
+      AND s.id = p_signal.id AND s.outcome = 'pending';
+    IF NOT found THEN
+        RAISE EXCEPTION 'signal % of instance % was consumed already', p_signal.id,
+            p_signal.instance_id
+            USING ERRCODE = 'O8004',
+                  DETAIL = json_build_object('signal_id', p_signal.id)::text;
+    END IF;
+    PERFORM orch8.end_node(p_inst, p_path, 'completed', jsonb_build_object(
+        'signal', p_signal.signal_type, 'payload', p_signal.payload, 'signal_id', p_signal.id,
+        'sent_by', p_signal.actor, 'sent_at', p_signal.created_at), NULL, NULL);
+END
+$$;
+
+COMMENT ON FUNCTION orch8.consume_signal(
+    orch8.task_instances, text, orch8.instance_signals
+) IS
+'A wait_for_signal node at p_path consumes a pending signal (CAS pending -> consumed, '
+'consumed_by the path) and completes with {signal, payload, signal_id, sent_by, sent_at} '
+'in the same transaction. A signal consumed already: O8004 (never happens under the '
+'instance''s row lock).';
+
+-- Timers -----------------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION orch8.timer_fired(
+    p_inst orch8.task_instances, p_node orch8.execution_nodes
+)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_block jsonb := orch8.sequence_block(p_inst.tenant_id, p_inst.sequence_id, p_node.block_id);
+    v_error text;
+BEGIN
+    IF p_node.kind = 'sleep' THEN
+        PERFORM orch8.end_node(p_inst, p_node.path, 'completed', jsonb_build_object(
+            'slept_ms', orch8.duration_ms(v_block -> 'duration')), NULL, NULL);
+        RETURN;
+    END IF;
+    IF jsonb_typeof(v_block -> 'on_timeout') = 'array' THEN
+        UPDATE orch8.execution_nodes AS n SET state = 'running', updated_at = orch8.now()
+        WHERE n.tenant_id = p_inst.tenant_id AND n.instance_id = p_inst.id
+          AND n.path = p_node.path AND n.state = 'waiting';
+        PERFORM orch8.start_list(p_inst, p_node.path || '.timeout', p_node.path, p_node.block_id,
+                                 ARRAY['on_timeout'], '{}');
+        RETURN;
+    END IF;
+    v_error := format('%s %s timed out after %s waiting for %s', p_node.kind, p_node.block_id,
+        v_block ->> 'timeout',
+        CASE WHEN p_node.kind = 'wait_for_signal'
+             THEN format('signal %s', v_block ->> 'signal') ELSE 'an answer' END);
+    PERFORM orch8.record_block_output(p_inst.tenant_id, p_inst.id, p_node.path, 0, '__error__',
+        jsonb_build_object('error', v_error, 'code', 'timeout'), false, NULL, NULL);
+    PERFORM orch8.end_node(p_inst, p_node.path, 'failed', NULL, v_error, NULL);
+END
+$$;
+
+COMMENT ON FUNCTION orch8.timer_fired(orch8.task_instances, orch8.execution_nodes) IS
+'A waiting node''s timer fired: a sleep completes with {slept_ms}; a wait_for_signal or '
+'wait_for_input that timed out runs its on_timeout blocks (path <wait>.timeout, the node '
+'running meanwhile, then ending as they did), or without them fails with code timeout '
+'(an __error__ row, so a catch sees error.code).';
+
+CREATE OR REPLACE FUNCTION orch8.fire_timers(p_limit integer DEFAULT 100)
+RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_row record;
+    v_inst orch8.task_instances;
+    v_node orch8.execution_nodes;
+    v_count integer := 0;
+BEGIN
+    -- the instance's row is locked with the node's, both skipped when busy (one lock order)
+    FOR v_row IN
+        SELECT n.tenant_id, n.instance_id, n.path
+        FROM orch8.execution_nodes AS n
+        JOIN orch8.task_instances AS t ON t.tenant_id = n.tenant_id AND t.id = n.instance_id
+        WHERE n.state = 'waiting' AND n.wake_at <= orch8.now()
+        ORDER BY n.wake_at
+        LIMIT greatest(p_limit, 0)
+        FOR UPDATE OF t, n SKIP LOCKED
+    LOOP
+        SELECT * INTO v_inst FROM orch8.task_instances AS t
+        WHERE t.tenant_id = v_row.tenant_id AND t.id = v_row.instance_id;
+        SELECT * INTO v_node FROM orch8.execution_nodes AS n
+        WHERE n.tenant_id = v_row.tenant_id AND n.instance_id = v_row.instance_id
+          AND n.path = v_row.path;
+        CONTINUE WHEN v_node.state <> 'waiting';  -- a timer fired before it moved it on
+        PERFORM orch8.timer_fired(v_inst, v_node);
+        PERFORM orch8.sync_instance(v_row.tenant_id, v_row.instance_id, 'timer',
+            format('%s %s: %s', v_node.kind, v_node.path,
+                   CASE WHEN v_node.kind = 'sleep' THEN 'slept' ELSE 'timed out' END));
+        v_count := v_count + 1;
+    END LOOP;
+    RETURN v_count;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.fire_timers(integer) IS
+'Bounded sweep: fire up to p_limit due timers (waiting nodes whose wake_at has passed, '
+'the earliest first; FOR UPDATE SKIP LOCKED with their instances) through timer_fired, '
+'the instance following (sync_instance, actor timer). Returns how many. claim_due_nodes '
+'runs it before it claims, so what a timer readies is claimed in the same call.';
+
+-- Signals -----------------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION orch8.update_instance_context(
+    p_inst orch8.task_instances, p_payload jsonb
+)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_context jsonb := jsonb_set(p_inst.context, '{data}',
+                                 coalesce(p_inst.context -> 'data', '{}') || p_payload);
+    v_limit integer := coalesce(
+        nullif(current_setting('orch8.max_context_bytes', true), '')::integer,
+        orch8.limit_of('context_bytes'));
+BEGIN
+    IF octet_length(v_context::text) > v_limit THEN
+        RAISE EXCEPTION 'instance context would be % bytes, over the limit of % bytes',
+            octet_length(v_context::text), v_limit
+            USING ERRCODE = 'O8008',
+                  DETAIL = json_build_object('field', 'payload', 'limit', v_limit,
+                                             'size', octet_length(v_context::text))::text;
+    END IF;
+    UPDATE orch8.task_instances AS t
+    SET context = v_context, context_version = t.context_version + 1, updated_at = orch8.now()
+    WHERE t.tenant_id = p_inst.tenant_id AND t.id = p_inst.id;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.update_instance_context(orch8.task_instances, jsonb) IS
+'The update_context signal: merge p_payload into the instance''s data (top-level keys '
+'replaced, ||) and bump context_version, so runners holding the old context read the new '
+'one before their next block. Over the context limit: O8008.';
+
+CREATE OR REPLACE FUNCTION orch8.send_signal(
+    p_tenant_id text,
+    p_instance_id uuid,
+    p_signal_type text,
+    p_payload jsonb,
+    p_actor text,
+    p_idempotency_key text DEFAULT NULL
+)
+RETURNS TABLE (signal_id bigint, outcome text, deduplicated boolean)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_inst orch8.task_instances;
+    v_outcome text;
+    v_signal orch8.instance_signals;
+    v_waiter orch8.execution_nodes;
+BEGIN
+    PERFORM orch8.require_tenant(p_tenant_id);  -- the web role acts in its sealed tenant
+    PERFORM orch8.require_domain(p_signal_type, 'orch8.signal_type', 'signal type');
+    IF jsonb_typeof(p_payload) IS DISTINCT FROM 'object' THEN
+        RAISE EXCEPTION 'a signal''s payload must be a JSON object, got %',
+            coalesce(jsonb_typeof(p_payload), 'NULL')
+            USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'payload')::text;
+    END IF;
+    PERFORM orch8.require_size('payload', 'signal_payload_bytes', octet_length(p_payload::text)),
+            orch8.require_size('actor', 'actor_chars', char_length(p_actor));
+    IF octet_length(p_idempotency_key) NOT BETWEEN 1 AND orch8.limit_of('idempotency_key_bytes')
+    THEN
+        RAISE EXCEPTION 'idempotency key must be 1 to % bytes',
+            orch8.limit_of('idempotency_key_bytes')
+            USING ERRCODE = 'O8008',
+                  DETAIL = json_build_object('field', 'idempotency_key',
+                                             'limit', orch8.limit_of('idempotency_key_bytes'))::text;
+    END IF;
+    IF p_signal_type = 'input' THEN
+        RAISE EXCEPTION 'input signals record answers to wait_for_input; answer with '
+                        'orch8.answer_input'
+            USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'signal_type')::text;
+    END IF;
+    -- the instance's row lock orders this signal with every move of its tree and with
+    -- every other signal to it
+    v_inst := orch8.load_instance(p_tenant_id, p_instance_id);
+    IF p_idempotency_key IS NOT NULL THEN
+        SELECT * INTO v_signal FROM orch8.instance_signals AS s
+        WHERE s.tenant_id = p_tenant_id AND s.instance_id = p_instance_id
+          AND s.idempotency_key = p_idempotency_key;
+        IF v_signal.id IS NOT NULL THEN
+            RETURN QUERY SELECT v_signal.id, v_signal.outcome, true;
+            RETURN;
+        END IF;
+    END IF;
+    IF p_signal_type <> ALL (orch8.builtin_signals())
+       AND v_inst.state IN ('completed', 'cancelled', 'failed') THEN
+        RAISE EXCEPTION 'instance % is %: no wait will ever read signal %', p_instance_id,
+            v_inst.state, p_signal_type
+            USING ERRCODE = 'O8004',
+                  DETAIL = json_build_object('instance_id', p_instance_id,
+                                             'current_state', v_inst.state)::text;
+    END IF;
+    v_outcome := CASE p_signal_type
+        WHEN 'cancel' THEN orch8.cancel_instance(p_tenant_id, p_instance_id, p_actor, 'signal')
+        WHEN 'pause' THEN orch8.pause_instance(p_tenant_id, p_instance_id, p_actor, 'signal')
+        WHEN 'resume' THEN orch8.resume_instance(p_tenant_id, p_instance_id, p_actor)
+        ELSE 'pending'
+    END;
+    IF p_signal_type = 'update_context' THEN
+        IF v_inst.state IN ('completed', 'cancelled') THEN
+            RAISE EXCEPTION 'instance % is %: its context no longer changes', p_instance_id,
+                v_inst.state
+                USING ERRCODE = 'O8004',
+                      DETAIL = json_build_object('instance_id', p_instance_id,
+                                                 'current_state', v_inst.state)::text;
+        END IF;
+        PERFORM orch8.update_instance_context(v_inst, p_payload);
+        v_outcome := 'context_updated';
+    END IF;
+    INSERT INTO orch8.instance_signals AS s (
+        tenant_id, instance_id, signal_type, payload, actor, outcome, idempotency_key
+    ) VALUES (
+        p_tenant_id, p_instance_id, p_signal_type, p_payload, orch8.attributed_actor(p_actor),
+        v_outcome, p_idempotency_key
+    )
+    RETURNING s.* INTO v_signal;
+    IF v_outcome = 'pending' THEN
+        SELECT * INTO v_waiter FROM orch8.execution_nodes AS n
+        WHERE n.tenant_id = p_tenant_id AND n.instance_id = p_instance_id
+          AND n.kind = 'wait_for_signal' AND n.state = 'waiting'
+          AND n.items ->> 'signal' = p_signal_type
+        ORDER BY n.created_at, n.path
+        LIMIT 1
+        FOR UPDATE;
+        IF v_waiter.path IS NOT NULL THEN
+            PERFORM orch8.consume_signal(v_inst, v_waiter.path, v_signal);
+            PERFORM orch8.sync_instance(p_tenant_id, p_instance_id, v_signal.actor,
+                                        format('signal %s', p_signal_type));
+            v_outcome := 'consumed';
+        END IF;
+    END IF;
+    RETURN QUERY SELECT v_signal.id, v_outcome, false;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.send_signal(text, uuid, text, jsonb, text, text) IS
+'Send a signal to an instance, exactly once, under the instance''s row lock. A repeated '
+'p_idempotency_key answers the first signal (deduplicated) and acts on nothing. cancel, '
+'pause and resume act (see their functions); update_context merges the payload into the '
+'instance''s data (update_instance_context). Any other name is a custom signal: the '
+'oldest waiting wait_for_signal node of that name consumes it now (outcome consumed), '
+'else it stays pending for the next one to start. A custom signal to an ended instance: '
+'O8004. input (answer_input records those), a type that is not an orch8.signal_type, a '
+'payload that is not a JSON object or over signal_payload_bytes, an actor over '
+'actor_chars, a key over idempotency_key_bytes: O8008. The actor recorded is '
+'attributed_actor''s.';
+
+-- People --------------------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION orch8.await_input(
+    p_tenant_id text,
+    p_instance_id uuid,
+    p_lease_token uuid,
+    p_path text,
+    p_prompt text,
+    p_error text DEFAULT NULL
+)
+RETURNS SETOF orch8.tree_answer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_inst orch8.task_instances;
+    v_node orch8.execution_nodes;
+    v_block jsonb;
+    v_next orch8.execution_nodes;
+BEGIN
+    v_inst := orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
+    v_node := orch8.leased_node(p_tenant_id, p_instance_id, p_lease_token);
+    PERFORM orch8.require_node(v_node, p_path, ARRAY['wait_for_input'], 'await_input');
+    IF orch8.stop_node(v_inst, v_node) IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM orch8.node_answer(p_tenant_id, p_instance_id, NULL, NULL,
+                                                     'runner', 'requested while running');
+        RETURN;
+    END IF;
+    v_block := orch8.sequence_block(p_tenant_id, v_inst.sequence_id, v_node.block_id);
+    IF p_error IS NULL AND octet_length(p_prompt) > orch8.limit_of('signal_payload_bytes') THEN
+        p_error := format('the prompt is %s bytes, over the limit signal_payload_bytes (%s)',
+                          octet_length(p_prompt), orch8.limit_of('signal_payload_bytes'));
+    END IF;
+    IF p_error IS NOT NULL THEN
+        PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_path, 0, '__error__',
+            jsonb_build_object('error', p_error), false, NULL, p_lease_token);
+        PERFORM orch8.end_node(v_inst, p_path, 'failed', NULL, p_error, NULL);
+    ELSE
+        UPDATE orch8.execution_nodes AS n
+        SET state = 'waiting', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+            items = jsonb_build_object('prompt', p_prompt, 'choices', v_block -> 'choices'),
+            wake_at = orch8.after_ms(orch8.duration_ms(v_block -> 'timeout')),
+            updated_at = orch8.now()
+        WHERE n.tenant_id = p_tenant_id AND n.instance_id = p_instance_id AND n.path = p_path;
+    END IF;
+    v_inst := orch8.load_instance(p_tenant_id, p_instance_id);
+    v_next := orch8.hand_over(v_inst, p_lease_token, v_node.lease_owner, v_node.lease_expires_at,
+                              v_node.parent_path);
+    RETURN QUERY SELECT * FROM orch8.node_answer(p_tenant_id, p_instance_id, v_next,
+                                                 v_node.parent_path, 'runner');
+END
+$$;
+
+COMMENT ON FUNCTION orch8.await_input(text, uuid, uuid, text, text, text) IS
+'The runner''s call for a wait_for_input node, fenced by its lease (O8001): the node waits '
+'for a person, holding no lease, with the prompt the runner rendered (at most '
+'signal_payload_bytes) and the block''s choices, its timer the block''s timeout. '
+'p_error (the prompt did not render) fails the node. Answers like finish_step, the next '
+'node leased to the caller.';
+
+CREATE OR REPLACE FUNCTION orch8.answer_input(
+    p_tenant_id text,
+    p_instance_id uuid,
+    p_path text,
+    p_choice text,
+    p_comment text,
+    p_actor text
+)
+RETURNS TABLE (state orch8.instance_state, path text, output jsonb)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_inst orch8.task_instances;
+    v_node orch8.execution_nodes;
+    v_actor text;
+    v_output jsonb;
+BEGIN
+    PERFORM orch8.require_tenant(p_tenant_id);  -- the web role acts in its sealed tenant
+    PERFORM orch8.require_size('actor', 'actor_chars', char_length(p_actor));
+    IF octet_length(p_comment) > orch8.limit_of('note_bytes') THEN
+        RAISE EXCEPTION 'comment is % bytes, over the limit of % bytes',
+            octet_length(p_comment), orch8.limit_of('note_bytes')
+            USING ERRCODE = 'O8008',
+                  DETAIL = json_build_object('field', 'comment',
+                                             'limit', orch8.limit_of('note_bytes'))::text;
+    END IF;
+    v_inst := orch8.load_instance(p_tenant_id, p_instance_id);
+    v_node := orch8.lock_node(p_tenant_id, p_instance_id, p_path);
+    IF v_node.path IS NULL OR v_node.kind <> 'wait_for_input' THEN
+        RAISE EXCEPTION 'instance % has no wait_for_input at %', p_instance_id, p_path
+            USING ERRCODE = 'O8007',
+                  DETAIL = json_build_object('instance_id', p_instance_id, 'path', p_path)::text;
+    END IF;
+    IF v_node.state <> 'waiting' THEN
+        RAISE EXCEPTION 'input % of instance % is %, not waiting for an answer', p_path,
+            p_instance_id, v_node.state
+            USING ERRCODE = 'O8004',
+                  DETAIL = json_build_object('instance_id', p_instance_id, 'path', p_path,
+                                             'current_state', v_node.state)::text;
+    END IF;
+    IF jsonb_typeof(v_node.items -> 'choices') = 'array'
+       AND NOT coalesce((v_node.items -> 'choices') ? p_choice, false) THEN
+        RAISE EXCEPTION 'choice % is not one of %', to_json(p_choice)::text,
+            v_node.items -> 'choices'
+            USING ERRCODE = 'O8008',
+                  DETAIL = json_build_object('field', 'choice',
+                                             'choices', v_node.items -> 'choices')::text;
+    END IF;
+    IF p_choice IS NULL OR p_choice = '' THEN
+        RAISE EXCEPTION 'an answer needs a choice'
+            USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'choice')::text;
+    END IF;
+    v_actor := orch8.attributed_actor(p_actor);
+    v_output := jsonb_build_object('choice', p_choice, 'comment', p_comment,
+                                   'answered_by', v_actor, 'answered_at', orch8.now());
+    -- the answer is a signal too, so the instance's signals show who answered and when
+    INSERT INTO orch8.instance_signals (
+        tenant_id, instance_id, signal_type, payload, actor, outcome, consumed_by, consumed_at
+    ) VALUES (
+        p_tenant_id, p_instance_id, 'input',
+        jsonb_strip_nulls(jsonb_build_object('path', p_path, 'choice', p_choice,
+                                             'comment', p_comment)),
+        v_actor, 'consumed', p_path, orch8.now()
+    );
+    PERFORM orch8.end_node(v_inst, p_path, 'completed', v_output, NULL, NULL);
+    RETURN QUERY SELECT
+        orch8.sync_instance(p_tenant_id, p_instance_id, p_actor,
+                            format('answered %s: %s', p_path, p_choice)),
+        p_path, v_output;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.answer_input(text, uuid, text, text, text, text) IS
+'A person answers the wait_for_input node at p_path: it must be waiting (else O8004; no '
+'such node: O8007) and the choice one of its choices (else O8008). The node completes '
+'with {choice, comment, answered_by, answered_at}, the answer is kept as a signal of '
+'type input (who, when, what), and the instance moves on, audited with the actor and '
+'"answered <path>: <choice>". The actor recorded is attributed_actor''s (a sealed key''s '
+'name). Returns the instance''s state, the path and the output.';
+
+-- What instances wait for ---------------------------------------------------------------
+
+CREATE OR REPLACE VIEW orch8.waiting_nodes WITH (security_invoker = true) AS
+SELECT
+    n.tenant_id,
+    n.instance_id,
+    n.path,
+    n.kind,
+    CASE n.kind
+        WHEN 'sleep' THEN 'time'
+        WHEN 'wait_for_signal' THEN 'signal'
+        WHEN 'wait_for_input' THEN 'input'
+        WHEN 'sub_sequence' THEN 'child'
+        ELSE 'verification'
+    END AS waiting_for,
+    n.items ->> 'signal' AS signal,
+    n.items ->> 'prompt' AS prompt,
+    n.items -> 'choices' AS choices,
+    n.child_instance_id,
+    n.wake_at AS until,
+    n.updated_at AS since,
+    t.state AS instance_state,
+    s.name AS sequence_name,
+    s.namespace
+FROM orch8.execution_nodes AS n
+INNER JOIN orch8.task_instances AS t ON n.tenant_id = t.tenant_id AND n.instance_id = t.id
+INNER JOIN orch8.sequences AS s ON t.tenant_id = s.tenant_id AND t.sequence_id = s.id
+WHERE n.state = 'waiting';
+
+COMMENT ON VIEW orch8.waiting_nodes IS
+'Every waiting node with what it waits for: time (a sleep), signal (its name), input (a '
+'person: the rendered prompt and the choices), child (a sub_sequence''s instance) or '
+'verification (a verifier settling the step''s receipt), and until when (its timer: a '
+'sleep''s end, a wait''s timeout; NULL when none). What the console, the API and the CLI '
+'list as waiting.';
