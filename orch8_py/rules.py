@@ -70,7 +70,8 @@ LIMITS = {'actor_chars': 200,
  'sub_sequence_depth': 8,
  'verify_delay_ms': 86400000,
  'verify_request_receipts': 1000,
- 'verify_tries': 50}
+ 'verify_tries': 50,
+ 'wait_ms': 31622400000}
 
 PATTERNS = {'identifier': {'pattern': '^[A-Za-z0-9_.-]{1,100}$',
                 'rule': '1 to 100 characters among A-Z a-z 0-9 _ . -'},
@@ -141,7 +142,7 @@ NODE_STATES = ('ready', 'running', 'waiting', 'blocked', 'completed', 'failed', 
 
 NODE_TRANSITIONS = {'ready': ('running', 'cancelled'),
  'running': ('ready', 'waiting', 'blocked', 'completed', 'failed', 'skipped', 'cancelled'),
- 'waiting': ('ready', 'blocked', 'completed', 'failed', 'cancelled'),
+ 'waiting': ('ready', 'running', 'blocked', 'completed', 'failed', 'cancelled'),
  'blocked': ('ready', 'waiting', 'completed', 'failed', 'cancelled'),
  'failed': ('ready', 'running', 'completed'),
  'cancelled': ('ready', 'running', 'waiting', 'blocked')}
@@ -157,9 +158,16 @@ NODE_KINDS = ('sequence',
  'try_catch',
  'saga',
  'undo',
- 'sub_sequence')
+ 'sub_sequence',
+ 'sleep',
+ 'wait_for_signal',
+ 'wait_for_input')
 
-CLAIMABLE_KINDS = ('step', 'compensation', 'loop', 'for_each', 'router', 'sub_sequence')
+CLAIMABLE_KINDS = ('step', 'compensation', 'loop', 'for_each', 'router', 'sub_sequence', 'wait_for_input')
+
+BUILTIN_SIGNALS = ('cancel', 'pause', 'resume', 'update_context', 'input')
+
+WAIT_REASONS = ('time', 'signal', 'input', 'child', 'verification')
 
 BLOCK_DEFAULTS = {'max_iterations': 1000,
  'concurrency': 1,
@@ -205,6 +213,12 @@ SEQUENCE_LANGUAGE = (('definition', 'blocks', True, 'a non-empty array of blocks
   'saga',
   True,
   'runs its blocks in order; when one fails, compensates the completed steps'),
+ ('block_type', 'sleep', True, 'waits for a duration, holding no runner'),
+ ('block_type', 'wait_for_signal', True, 'waits for a named signal, with a timeout'),
+ ('block_type',
+  'wait_for_input',
+  True,
+  'waits for a person to answer a prompt with one of its choices, with a timeout'),
  ('block_type', 'a_b_split', False, 'not supported yet'),
  ('block_type', 'cancellation_scope', False, 'not supported yet'),
  ('step', 'type', True, 'step'),
@@ -219,12 +233,18 @@ SEQUENCE_LANGUAGE = (('definition', 'blocks', True, 'a non-empty array of blocks
   'the provider deduplicates by the idempotency key: one key for every attempt, and a retry '
   'after an ambiguous outcome resends under it'),
  ('step', 'verify', True, 'how to settle an unknown outcome without a person'),
- ('step', 'delay', False, 'not supported yet'),
+ ('step',
+  'delay',
+  True,
+  'a duration to wait before the first attempt (ms, or 30s, 15m, 2h, 3d)'),
  ('step', 'rate_limit_key', False, 'not supported yet'),
  ('step', 'send_window', False, 'not supported yet'),
  ('step', 'context_access', False, 'not supported yet'),
  ('step', 'cancellable', False, 'not supported yet'),
- ('step', 'wait_for_input', False, 'not supported yet'),
+ ('step',
+  'wait_for_input',
+  False,
+  "not a step field here: a person's answer is the wait_for_input block"),
  ('step', 'queue_name', False, 'not supported yet'),
  ('step', 'deadline', False, 'not supported yet'),
  ('step', 'on_deadline_breach', False, 'not supported yet'),
@@ -308,6 +328,30 @@ SEQUENCE_LANGUAGE = (('definition', 'blocks', True, 'a non-empty array of blocks
  ('sub_sequence', 'namespace', True, "its namespace (default: the parent's)"),
  ('sub_sequence', 'version', True, 'its version (default: the latest when the child starts)'),
  ('sub_sequence', 'input', True, "the child's data, with {{ }} templates"),
+ ('sleep', 'type', True, 'sleep'),
+ ('sleep', 'id', True, 'unique among the blocks; A-Z a-z 0-9 _ -'),
+ ('sleep', 'duration', True, 'how long (ms, or 30s, 15m, 2h, 3d, 1h30m)'),
+ ('wait_for_signal', 'type', True, 'wait_for_signal'),
+ ('wait_for_signal', 'id', True, 'unique among the blocks; A-Z a-z 0-9 _ -'),
+ ('wait_for_signal',
+  'signal',
+  True,
+  "the signal's name (a custom one: not cancel, pause, resume, update_context, input)"),
+ ('wait_for_signal', 'timeout', True, 'how long to wait (a duration); none: forever'),
+ ('wait_for_signal',
+  'on_timeout',
+  True,
+  'the blocks run when it times out (without them, a timeout fails the block)'),
+ ('wait_for_input', 'type', True, 'wait_for_input'),
+ ('wait_for_input', 'id', True, 'unique among the blocks; A-Z a-z 0-9 _ -'),
+ ('wait_for_input', 'prompt', True, 'what the person is asked, with {{ }} templates'),
+ ('wait_for_input', 'choices', True, 'the answers they may give: 1 to 20 distinct strings'),
+ ('wait_for_input', 'timeout', True, 'how long to wait (a duration); none: forever'),
+ ('wait_for_input',
+  'on_timeout',
+  True,
+  'the blocks run when nobody answered in time: escalation (without them, a timeout fails the '
+  'block)'),
  ('compensation', 'handler', True, 'the handler that undoes the step'),
  ('compensation', 'params', True, 'its parameters, with {{ }} templates'),
  ('compensation', 'timeout', True, 'milliseconds the handler may run'),

@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, TypeVar
 
 import psycopg
@@ -437,25 +437,21 @@ class Runner:
         node: Node | None = row.node
         while node is not None:
             if self.draining.is_set():
-                self._call_until_done(
-                    lambda c: sqlapi.steps.release_lease(
-                        c,
-                        tenant_id=row.tenant_id,
-                        instance_id=row.id,
-                        lease_token=row.lease_token,
-                        reason="runner shutting down",
-                    )
-                )
+                self._hand_back(row)
                 return
             if node.kind in ("loop", "for_each", "router"):
                 done = self._decide(row, sequence, node, progress)
             elif node.kind == "sub_sequence":
                 done = self._child(row, sequence, node, progress)
+            elif node.kind == "wait_for_input":
+                done = self._input(row, sequence, node, progress)
             else:
                 done = self._step(row, node_block(sequence, node), node, progress)
             if done.progress is not None:
                 progress = dict(done.progress)
             node = done.next
+            if node is not None and (done.context_version or 0) > row.context_version:
+                row = self._fresh_context(row)  # an update_context signal came meanwhile
 
     def _step(
         self, row: Claimed, block: dict[str, Any], node: Node, progress: dict[str, Any]
@@ -685,6 +681,64 @@ class Runner:
                 path=node.path,
                 sequence_id=child_id,
                 input_=None if error else input_,
+                error=error,
+            )
+        )
+
+    def _hand_back(self, row: Claimed) -> None:
+        self._call_until_done(
+            lambda c: sqlapi.steps.release_lease(
+                c,
+                tenant_id=row.tenant_id,
+                instance_id=row.id,
+                lease_token=row.lease_token,
+                reason="runner shutting down",
+            )
+        )
+
+    def _fresh_context(self, row: Claimed) -> Claimed:
+        context, version = self._call_until_done(
+            lambda c: sqlapi.steps.instance_context(c, tenant_id=row.tenant_id, instance_id=row.id)
+        )
+        return replace(row, context=context, context_version=version)
+
+    def _input(
+        self, row: Claimed, sequence: StoredSequence, node: Node, progress: dict[str, Any]
+    ) -> Finished:
+        """A wait_for_input: its prompt rendered here (templates are the runner's), then the
+        node waits for a person without a lease (orch8.await_input)."""
+        block = sequence.blocks.get(node.block_id or "") or {}
+        prompt = error = None
+        try:
+            rendered = render_params(
+                {"prompt": block.get("prompt") or ""},
+                params_scope(
+                    row.context,
+                    row.id,
+                    node.attempt,
+                    outputs_seen_from(progress, node.path),
+                    node.vars,
+                ),
+                node.vars,
+            )["prompt"]
+            prompt = rendered if isinstance(rendered, str) else json.dumps(rendered)
+        except TemplateError as exc:
+            error = f"block {node.path!r}: prompt: {exc}"
+        log.info(
+            "event=node.awaits_input tenant=%s instance=%s block=%s%s",
+            row.tenant_id,
+            row.id,
+            node.path,
+            f" error={error!r}" if error else "",
+        )
+        return self._call_until_done(
+            lambda c: sqlapi.steps.await_input(
+                c,
+                tenant_id=row.tenant_id,
+                instance_id=row.id,
+                lease_token=row.lease_token,
+                path=node.path,
+                prompt=prompt,
                 error=error,
             )
         )

@@ -91,14 +91,17 @@ def test_log_rejects_an_unknown_level():
     assert info.value.retryable is False
 
 
-def test_sleep_sleeps_and_is_bounded_by_the_step_timeout():
+def test_sleep_sleeps_and_refuses_to_outlast_the_step_timeout():
     t0 = time.monotonic()
     assert run("sleep", {"duration_ms": 60}) == {"slept_ms": 60}
     assert time.monotonic() - t0 >= 0.055
-    assert run("sleep", {}, make_ctx(timeout=0.05)) == {"slept_ms": 50}  # default 100, capped
+    # never cut short in silence: a sleep longer than the step's timeout fails at once
     t0 = time.monotonic()
-    assert run("sleep", {"duration_ms": 60_000}, make_ctx(timeout=0.1)) == {"slept_ms": 100}
-    assert time.monotonic() - t0 < 2
+    with pytest.raises(StepError) as info:
+        run("sleep", {"duration_ms": 86_400_000}, make_ctx(timeout=2.0))
+    assert time.monotonic() - t0 < 0.5
+    assert info.value.retryable is False and info.value.code == "sleep_too_long"
+    assert "sleep block" in str(info.value)
     with pytest.raises(StepError):
         run("sleep", {"duration_ms": -1})
     with pytest.raises(StepError):

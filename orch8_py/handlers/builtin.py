@@ -116,13 +116,27 @@ def log_(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
 
 @handler("sleep")
 def sleep(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+    """Kept for definitions stored before the sleep block (the validator refuses this
+    handler now): it holds a handler thread, so it never sleeps past the step's time."""
     params = _params(params)
     duration_ms = _number(params, "duration_ms", 100)
     if duration_ms < 0:
         raise bad_params("duration_ms must be >= 0")
+    if ctx.timeout and duration_ms > ctx.timeout * 1000.0:
+        raise StepError(
+            f"sleep of {round(duration_ms)} ms is longer than the step's timeout "
+            f"({round(ctx.timeout * 1000)} ms); a sleep block waits without a runner",
+            code="sleep_too_long",
+            retryable=False,
+        )
     remaining = ctx.remaining()  # not ctx.timeout: time spent queued for a thread counts
-    if remaining is not None:
-        duration_ms = min(duration_ms, remaining * 1000.0)
+    if remaining is not None and duration_ms > remaining * 1000.0:
+        time.sleep(remaining)
+        raise StepError(
+            f"the step's time ran out after {round(remaining * 1000)} ms of a "
+            f"{round(duration_ms)} ms sleep (it waited for a thread first)",
+            code="timeout",
+        )
     time.sleep(duration_ms / 1000.0)
     return {"slept_ms": round(duration_ms)}
 

@@ -117,6 +117,8 @@ def read(conn: Conn) -> dict[str, Any]:
         "NODE_TRANSITIONS": _moves(conn, "node_transition_table"),
         "NODE_KINDS": tuple(value(conn, "SELECT orch8.node_kinds()")),
         "CLAIMABLE_KINDS": tuple(value(conn, "SELECT orch8.claimable_kinds()")),
+        "BUILTIN_SIGNALS": tuple(value(conn, "SELECT orch8.builtin_signals()")),
+        "WAIT_REASONS": tuple(value(conn, "SELECT orch8.wait_reasons()")),
         "BLOCK_DEFAULTS": {
             r["field"]: r["value"]
             for r in all_rows(conn, "SELECT field, value FROM orch8.block_defaults()")

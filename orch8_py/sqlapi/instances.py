@@ -44,6 +44,16 @@ class Retried:
 class Signalled:
     signal_id: int
     outcome: str
+    deduplicated: bool  # the idempotency key was used before: nothing acted again
+
+
+@dataclass(frozen=True)
+class Answered:
+    """orch8.answer_input: the instance's state after the answer, and the node's output."""
+
+    state: str
+    path: str
+    output: dict[str, Any]
 
 
 def create_instance(
@@ -210,7 +220,7 @@ def instance_tree(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID) -> list
         conn,
         "SELECT path, parent_path, block_id, kind, state::text AS state, attempt, effect_id,"
         " receipt_state::text AS receipt_state, output, error, cancel_reason, child_instance_id,"
-        " lease_owner, lease_expires_at, next_fire_at, created_at, ended_at"
+        " lease_owner, lease_expires_at, next_fire_at, wake_at, created_at, ended_at"
         " FROM orch8.execution_tree WHERE tenant_id = %(tenant)s AND instance_id = %(id)s"
         " ORDER BY created_at, path",
         {"tenant": tenant_id, "id": instance_id},
@@ -231,10 +241,34 @@ def instance_audit(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID) -> lis
 def instance_signals(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID) -> list[Row]:
     return all_rows(
         conn,
-        "SELECT id, signal_type::text AS type, payload, actor, outcome, created_at"
+        "SELECT id, signal_type::text AS type, payload, actor, outcome, idempotency_key,"
+        " consumed_by, consumed_at, created_at"
         " FROM orch8.instance_signals WHERE tenant_id = %(tenant)s AND instance_id = %(id)s"
         " ORDER BY id",
         {"tenant": tenant_id, "id": instance_id},
+    )
+
+
+def waiting_nodes(
+    conn: Conn,
+    *,
+    tenant_id: str,
+    instance_id: uuid.UUID | None = None,
+    waiting_for: str | None = None,
+    limit: int = 100,
+) -> list[Row]:
+    """What instances wait for (orch8.waiting_nodes): a sleep, a signal, a person's
+    answer, a child, a verifier; until when. Longest waiting first."""
+    return all_rows(
+        conn,
+        "SELECT instance_id, path, kind, waiting_for, signal, prompt, choices,"
+        " child_instance_id, until, since, instance_state::text AS instance_state,"
+        " sequence_name, namespace FROM orch8.waiting_nodes"
+        " WHERE tenant_id = %(tenant)s"
+        " AND (%(instance)s::uuid IS NULL OR instance_id = %(instance)s::uuid)"
+        " AND (%(for)s::text IS NULL OR waiting_for = %(for)s::text)"
+        " ORDER BY since, instance_id, path LIMIT %(limit)s",
+        {"tenant": tenant_id, "instance": instance_id, "for": waiting_for, "limit": limit},
     )
 
 
@@ -308,18 +342,50 @@ def send_signal(
     signal_type: str,
     payload: dict[str, Any],
     actor: str,
+    idempotency_key: str | None = None,
 ) -> Signalled:
+    """orch8.send_signal: acts once; a repeated ``idempotency_key`` answers the first
+    signal with ``deduplicated``."""
     return objects(
         conn,
         Signalled,
-        "SELECT signal_id, outcome FROM orch8.send_signal(p_tenant_id => %(tenant)s,"
-        " p_instance_id => %(id)s, p_signal_type => %(type)s, p_payload => %(payload)s,"
-        " p_actor => %(actor)s)",
+        "SELECT signal_id, outcome, deduplicated FROM orch8.send_signal("
+        "p_tenant_id => %(tenant)s, p_instance_id => %(id)s, p_signal_type => %(type)s,"
+        " p_payload => %(payload)s, p_actor => %(actor)s, p_idempotency_key => %(key)s)",
         {
             "tenant": tenant_id,
             "id": instance_id,
             "type": signal_type,
             "payload": Jsonb(payload),
+            "actor": actor,
+            "key": idempotency_key,
+        },
+    )[0]
+
+
+def answer_input(
+    conn: Conn,
+    *,
+    tenant_id: str,
+    instance_id: uuid.UUID,
+    path: str,
+    choice: str,
+    comment: str | None,
+    actor: str,
+) -> Answered:
+    """orch8.answer_input: a person's answer to the wait_for_input at ``path``."""
+    return objects(
+        conn,
+        Answered,
+        "SELECT state::text AS state, path, output FROM orch8.answer_input("
+        "p_tenant_id => %(tenant)s, p_instance_id => %(id)s, p_path => %(path)s,"
+        " p_choice => %(choice)s, p_comment => %(comment)s, p_actor => %(actor)s)",
+        {
+            "tenant": tenant_id,
+            "id": instance_id,
+            "path": path,
+            "choice": choice,
+            "comment": comment,
             "actor": actor,
         },
     )[0]

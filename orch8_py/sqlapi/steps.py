@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from .base import Conn, Jsonb, all_rows, objects, one, value
+from .base import Conn, Jsonb, all_rows, first, objects, one, value
 
 WORK_CHANNEL = "orch8_work"
 # the columns of orch8.effect_outcome, as Outcome has them
@@ -54,6 +54,7 @@ class Claimed:
     parent_instance_id: uuid.UUID | None
     lease_token: uuid.UUID
     progress: dict[str, Any]
+    context_version: int = 0  # bumped by update_context: a newer one means re-read context
 
     @property
     def node(self) -> Node:
@@ -101,6 +102,7 @@ class Finished:
     next_child_instance_id: uuid.UUID | None = None
     next_vars: dict[str, Any] | None = None
     progress: dict[str, Any] | None = None
+    context_version: int | None = None  # the instance's: newer than the claim's -> re-read
 
     @property
     def next(self) -> Node | None:
@@ -121,7 +123,7 @@ class Finished:
 # the columns of a node answer (orch8.node_answer), as Finished has them
 ANSWER = (
     "state::text AS state, next_block, next_attempt, next_block_id, next_kind,"
-    " next_position, next_phase, next_child_instance_id, next_vars, progress"
+    " next_position, next_phase, next_child_instance_id, next_vars, progress, context_version"
 )
 
 
@@ -262,6 +264,50 @@ def run_child(
             "error": error,
         },
     )[0]
+
+
+def await_input(
+    conn: Conn,
+    *,
+    tenant_id: str,
+    instance_id: uuid.UUID,
+    lease_token: uuid.UUID,
+    path: str,
+    prompt: str | None,
+    error: str | None = None,
+) -> Finished:
+    """orch8.await_input: park a wait_for_input node for a person with the ``prompt`` this
+    runner rendered (or fail it with ``error``)."""
+    return objects(
+        conn,
+        Finished,
+        f"SELECT {ANSWER} FROM orch8.await_input(p_tenant_id => %(tenant)s,"
+        " p_instance_id => %(instance)s, p_lease_token => %(lease)s, p_path => %(path)s,"
+        " p_prompt => %(prompt)s, p_error => %(error)s)",
+        {
+            "tenant": tenant_id,
+            "instance": instance_id,
+            "lease": lease_token,
+            "path": path,
+            "prompt": prompt,
+            "error": error,
+        },
+    )[0]
+
+
+def instance_context(
+    conn: Conn, *, tenant_id: str, instance_id: uuid.UUID
+) -> tuple[dict[str, Any], int]:
+    """An instance's context and its context_version (after an update_context signal)."""
+    row = first(
+        conn,
+        "SELECT context, context_version FROM orch8.task_instances"
+        " WHERE tenant_id = %(tenant)s AND id = %(instance)s",
+        {"tenant": tenant_id, "instance": instance_id},
+    )
+    if row is None:
+        return {}, 0
+    return dict(row["context"]), int(row["context_version"])
 
 
 @dataclass(frozen=True)
