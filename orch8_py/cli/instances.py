@@ -1,5 +1,5 @@
-"""`orch8 instances start|list|show|retry|cancel|pause|resume|signal`: start and operate
-workflow instances."""
+"""`orch8 instances start|list|show|retry|cancel|pause|resume|signal|waiting|answer`: start
+and operate workflow instances."""
 
 from __future__ import annotations
 
@@ -133,12 +133,13 @@ def instances_show(args: argparse.Namespace, url: str) -> int:
         effects = sqlapi.effects.receipts_of_instance(
             conn, tenant_id=args.tenant, instance_id=instance_id
         )
+        waits = sqlapi.instances.waiting_nodes(conn, tenant_id=args.tenant, instance_id=instance_id)
     shown = ("id", "state", "requested_state", "current_block", "error", "created_at")
     inst = {k: found[k] for k in (*shown, "updated_at", "context")}
     brief = ("id", "block_id", "attempt", "kind", "state", "provider_receipt_id")
     receipts = [{k: r[k] for k in (*brief, "idempotency_key", "error")} for r in effects]
     if args.json:
-        emit({**inst, "tree": as_json(tree), "effects": receipts}, True, "")
+        emit({**inst, "tree": as_json(tree), "effects": receipts, "waiting": waits}, True, "")
         return EXIT_OK
     requested = f" ({inst['requested_state']} requested)" if inst["requested_state"] else ""
     lines = [f"instance {inst['id']}  {inst['state']}{requested}"]
@@ -148,6 +149,13 @@ def instances_show(args: argparse.Namespace, url: str) -> int:
     lines += [tree_line(depth, node) for top in tree for depth, node in top.walk()] or [
         "    (nothing started yet)"
     ]
+    if waits:
+        lines.append("  waiting for:")
+        lines += [
+            f"    {w['path']:<30} {w['waiting_for']:<12} until {w['until'] or '-'}  "
+            f"{_waiting_what(w)}"
+            for w in waits
+        ]
     lines.append("  effects:")
     lines += [
         f"    {r['id']}  {r['block_id']:<12} attempt {r['attempt']}  {r['kind']:<7} "
@@ -169,6 +177,8 @@ def tree_line(depth: int, node: TreeNode) -> str:
         parts.append(f"receipt {r['effect_id']} {r['receipt_state']}")
     if r["child_instance_id"] is not None:
         parts.append(f"child {r['child_instance_id']}")
+    if r["state"] == "waiting" and r.get("wake_at") is not None:
+        parts.append(f"until {r['wake_at']}")
     if r["state"] == "completed" and r["output"] is not None and r["kind"] != "sequence":
         parts.append(json.dumps(r["output"])[:80])
     why = r["error"] if r["state"] in ("failed", "blocked") else r["cancel_reason"]
@@ -312,6 +322,7 @@ def instances_signal(args: argparse.Namespace, url: str) -> int:
             signal_type=args.type,
             payload=payload,
             actor=actor_of(args),
+            idempotency_key=args.idempotency_key,
         )
     signal_id, outcome = sent.signal_id, sent.outcome
     result = {
@@ -319,11 +330,80 @@ def instances_signal(args: argparse.Namespace, url: str) -> int:
         "signal_id": signal_id,
         "signal_type": args.type,
         "outcome": outcome,
+        "deduplicated": sent.deduplicated,
     }
+    said = (
+        f"signal {args.type} was sent before with this key (signal {signal_id}): {outcome}; "
+        "nothing acted again"
+        if sent.deduplicated
+        else f"signal {args.type} sent to instance {instance_id} (signal {signal_id}): {outcome}"
+    )
+    emit(result, args.json, said)
+    return EXIT_OK
+
+
+@command
+def instances_waiting(args: argparse.Namespace, url: str) -> int:
+    instance_id = parse_uuid(args.id, "an instance id") if args.id else None
+    check_limit(args.limit)
+    with db.connect(url, autocommit=True) as conn:
+        rows = sqlapi.instances.waiting_nodes(
+            conn,
+            tenant_id=args.tenant,
+            instance_id=instance_id,
+            waiting_for=args.waiting_for,
+            limit=args.limit,
+        )
+    text = (
+        table(
+            ["instance", "path", "waits for", "until", "what"],
+            [
+                (
+                    r["instance_id"],
+                    r["path"],
+                    r["waiting_for"],
+                    r["until"] or "-",
+                    _waiting_what(r),
+                )
+                for r in rows
+            ],
+        )
+        if rows
+        else "nothing is waiting"
+    )
+    emit(rows, args.json, text)
+    return EXIT_OK
+
+
+def _waiting_what(row: dict[str, object]) -> str:
+    if row["waiting_for"] == "input":
+        choices = row["choices"] if isinstance(row["choices"], list) else []
+        return f"{row['prompt']} [{' / '.join(str(c) for c in choices)}]"
+    if row["waiting_for"] == "signal":
+        return f"signal {row['signal']}"
+    if row["waiting_for"] == "child":
+        return f"child {row['child_instance_id']}"
+    return str(row["kind"])
+
+
+@command
+def instances_answer(args: argparse.Namespace, url: str) -> int:
+    instance_id = parse_uuid(args.id, "an instance id")
+    with db.connect(url, autocommit=True) as conn:
+        done = sqlapi.instances.answer_input(
+            conn,
+            tenant_id=args.tenant,
+            instance_id=instance_id,
+            path=args.path,
+            choice=args.choice,
+            comment=args.comment,
+            actor=actor_of(args),
+        )
     emit(
-        result,
+        {"instance_id": instance_id, "path": done.path, "state": done.state, "output": done.output},
         args.json,
-        f"signal {args.type} sent to instance {instance_id} (signal {signal_id}): {outcome}",
+        f"answered {done.path} of instance {instance_id}: {args.choice} "
+        f"(by {done.output['answered_by']}); the instance is {done.state}",
     )
     return EXIT_OK
 
@@ -378,10 +458,39 @@ def add_parsers(sub: Subparsers) -> None:
         actor_flag(sp)
         common_flags(sp)
         sp.set_defaults(db_func=func)
-    sig = instsub.add_parser("signal", help="send a signal (cancel, pause, resume act)")
+    sig = instsub.add_parser(
+        "signal", help="send a signal, exactly once (a custom one wakes its wait_for_signal)"
+    )
     sig.add_argument("id", help="instance id")
-    sig.add_argument("type", help="signal type, e.g. approved (cancel, pause, resume act)")
-    sig.add_argument("--payload", default=None, help="a JSON object (default {})")
+    sig.add_argument(
+        "type",
+        help=f"signal type: {', '.join(rules.BUILTIN_SIGNALS[:-1])} act; any other name is a "
+        "custom signal for a wait_for_signal block (kept until one starts)",
+    )
+    sig.add_argument(
+        "--payload", default=None, help="a JSON object (default {}); update_context merges it"
+    )
+    sig.add_argument(
+        "--idempotency-key", default=None, help="a repeat with the same key acts on nothing"
+    )
     actor_flag(sig)
     common_flags(sig)
     sig.set_defaults(db_func=instances_signal)
+    wait = instsub.add_parser(
+        "waiting", help="what instances wait for (a sleep, a signal, a person) and until when"
+    )
+    wait.add_argument("id", nargs="?", default=None, help="only this instance")
+    wait.add_argument(
+        "--for", dest="waiting_for", choices=rules.WAIT_REASONS, default=None, help="only these"
+    )
+    wait.add_argument("--limit", type=int, default=100, help="at most N rows (default 100)")
+    common_flags(wait)
+    wait.set_defaults(db_func=instances_waiting)
+    ans = instsub.add_parser("answer", help="answer a wait_for_input with one of its choices")
+    ans.add_argument("id", help="instance id")
+    ans.add_argument("path", help="the waiting node's path (see `orch8 instances waiting`)")
+    ans.add_argument("choice", help="one of its choices")
+    ans.add_argument("--comment", default=None, help="kept with the answer")
+    actor_flag(ans)
+    common_flags(ans)
+    ans.set_defaults(db_func=instances_answer)

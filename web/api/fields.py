@@ -211,6 +211,7 @@ WebhookUrl = Annotated[
 InstanceState = Annotated[str, OneOf(rules.INSTANCE_STATES)]
 NodeState = Annotated[str, OneOf(rules.NODE_STATES)]
 NodeKind = Annotated[str, OneOf(rules.NODE_KINDS)]
+WaitReason = Annotated[str, OneOf(rules.WAIT_REASONS)]
 EffectState = Annotated[str, OneOf(rules.EFFECT_STATES)]
 EffectKind = Annotated[str, OneOf(rules.EFFECT_KINDS)]
 WebhookEvent = Annotated[str, OneOf(rules.WEBHOOK_EVENTS)]
@@ -375,6 +376,7 @@ __all__ = [
     "SignalType",
     "VerificationState",
     "Version",
+    "WaitReason",
     "WebhookEvent",
     "WebhookUrl",
 ]

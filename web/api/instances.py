@@ -17,6 +17,8 @@ from ..problems import Problem
 from .cursors import encode_cursor
 from .models.base import NoBody
 from .models.instances import (
+    AnswerInput,
+    InputAnswered,
     Instance,
     InstanceCreate,
     InstanceCreated,
@@ -33,6 +35,8 @@ from .models.instances import (
     SignalSent,
     TransitionList,
     TreeList,
+    WaitingList,
+    WaitingQuery,
 )
 from .spec import READ, WRITE, operation
 
@@ -213,15 +217,20 @@ def _moved(conn: Conn, instance_id: uuid.UUID, outcome: str) -> dict[str, Any]:
 @bp.post("/instances/<instance_id>/signals")
 @operation(
     roles=OPERATOR,
-    ok={201: SignalSent},
+    ok={201: SignalSent, 200: SignalSent},
     errors=WRITE,
     tag=TAG,
     operation_id="sendSignal",
     links={201: {"GetInstance": ("getInstance", AT_ID)}},
 )
 def send_signal(path: InstancePath, json: SignalSend) -> tuple[SignalSent, int]:
-    """Send a signal (orch8.send_signal): cancel, pause and resume act, others are recorded"""
+    """Send a signal, exactly once (orch8.send_signal)
+
+    cancel, pause, resume and update_context act; a custom signal is consumed by the
+    instance's wait_for_signal for it, or kept until one starts. 409 for a custom signal
+    to an instance that ended. A repeated `idempotency_key`: 200 with the first signal."""
     with tenant_tx() as conn:
+        exists(conn, path.instance_id)
         sent = sqlapi.instances.send_signal(
             conn,
             tenant_id=g.tenant,
@@ -229,9 +238,71 @@ def send_signal(path: InstancePath, json: SignalSend) -> tuple[SignalSent, int]:
             signal_type=json.type,
             payload=json.payload or {},
             actor=g.actor,
+            idempotency_key=json.idempotency_key,
         )
         moved = _moved(conn, path.instance_id, sent.outcome)
-    return SignalSent.model_validate({**moved, "signal_id": sent.signal_id}), 201
+    answer = SignalSent.model_validate(
+        {**moved, "signal_id": sent.signal_id, "deduplicated": sent.deduplicated}
+    )
+    return answer, 200 if sent.deduplicated else 201
+
+
+@bp.get("/instances/<instance_id>/waiting")
+@operation(
+    roles=OPERATOR,
+    ok={200: WaitingList},
+    errors=READ,
+    tag=TAG,
+    operation_id="listInstanceWaiting",
+)
+def instance_waiting(path: InstancePath) -> WaitingList:
+    """What the instance waits for (orch8.waiting_nodes), and until when"""
+    with tenant_tx() as conn:
+        exists(conn, path.instance_id)
+        rows = sqlapi.instances.waiting_nodes(
+            conn, tenant_id=g.tenant, instance_id=path.instance_id
+        )
+    return WaitingList.model_validate({"items": rows})
+
+
+@bp.get("/waiting")
+@operation(roles=OPERATOR, ok={200: WaitingList}, errors=READ, tag=TAG, operation_id="listWaiting")
+def waiting(query: WaitingQuery) -> WaitingList:
+    """Everything the tenant's instances wait for, longest waiting first
+
+    A sleep (`time`), a signal, a person's answer (`input`: the prompt and the choices), a
+    child instance, a verifier; `until` is the node's timer."""
+    with tenant_tx() as conn:
+        rows = sqlapi.instances.waiting_nodes(
+            conn, tenant_id=g.tenant, waiting_for=query.waiting_for, limit=query.limit
+        )
+    return WaitingList.model_validate({"items": rows})
+
+
+@bp.post("/instances/<instance_id>/answer")
+@operation(
+    roles=OPERATOR, ok={200: InputAnswered}, errors=WRITE, tag=TAG, operation_id="answerInput"
+)
+def answer(path: InstancePath, json: AnswerInput) -> InputAnswered:
+    """Answer a wait_for_input (orch8.answer_input)
+
+    The choice must be one of the node's choices (422); a node that is not waiting is
+    409, no such node 404. Who answered (the key) and when are kept with the output and
+    in the audit trail."""
+    with tenant_tx() as conn:
+        exists(conn, path.instance_id)
+        done = sqlapi.instances.answer_input(
+            conn,
+            tenant_id=g.tenant,
+            instance_id=path.instance_id,
+            path=json.path,
+            choice=json.choice,
+            comment=json.comment,
+            actor=g.actor,
+        )
+    return InputAnswered.model_validate(
+        {"id": path.instance_id, "path": done.path, "state": done.state, "output": done.output}
+    )
 
 
 def _request(move: str, instance_id: uuid.UUID, reason: str | None) -> InstanceMove:

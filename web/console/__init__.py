@@ -26,6 +26,7 @@ from . import (  # noqa: F401
     sequences,
     session,
     tenants,
+    waiting,
 )
 from .blueprint import bp
 

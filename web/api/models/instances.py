@@ -25,10 +25,12 @@ from ..fields import (
     Limit,
     NodeKind,
     NodeState,
+    NonEmptyText,
     Note,
     SequenceName,
     SignalType,
     Version,
+    WaitReason,
     optional,
     present_means_given,
 )
@@ -113,6 +115,9 @@ class TreeNode(Answer):
     lease_owner: str | None
     lease_expires_at: dt.datetime | None
     next_fire_at: dt.datetime
+    wake_at: dt.datetime | None = Field(
+        description="a waiting node's timer: when a sleep ends or a wait times out"
+    )
     created_at: dt.datetime
     ended_at: dt.datetime | None
 
@@ -141,7 +146,13 @@ class Signal(Answer):
     type: str
     payload: Any
     actor: str
-    outcome: str | None
+    outcome: str | None = Field(
+        description="what it did: a built-in's state, context_updated, consumed, or pending "
+        "(kept for a wait_for_signal that has not started)"
+    )
+    idempotency_key: str | None
+    consumed_by: str | None = Field(description="the path of the wait that consumed it")
+    consumed_at: dt.datetime | None
     created_at: dt.datetime
 
 
@@ -150,8 +161,57 @@ class SignalList(Answer):
 
 
 class SignalSend(Body):
-    type: SignalType = Field(description="cancel, pause and resume act; any other is recorded")
+    type: SignalType = Field(
+        description="cancel, pause, resume and update_context (merge the payload into the "
+        "instance's data) act; any other name is a custom signal for a wait_for_signal "
+        "block: consumed now by the wait for it, else kept until one starts"
+    )
     payload: JsonObject | None = None
+    idempotency_key: IdempotencyKey | None = Field(
+        default=None,
+        description="a signal with a key used before for this instance acts on nothing: "
+        "200 with the first one (`deduplicated`)",
+    )
+
+
+class Waiting(Answer):
+    instance_id: uuid.UUID
+    path: str = Field(description="the waiting node")
+    kind: NodeKind
+    waiting_for: WaitReason
+    signal: str | None = Field(description="the signal a wait_for_signal waits for")
+    prompt: str | None = Field(description="what a wait_for_input asks (rendered)")
+    choices: list[str] | None = Field(description="the answers a wait_for_input accepts")
+    child_instance_id: uuid.UUID | None
+    until: dt.datetime | None = Field(description="its timer: a sleep's end, a timeout; or null")
+    since: dt.datetime
+    instance_state: InstanceState
+    sequence_name: str
+    namespace: str
+
+
+class WaitingList(Answer):
+    items: list[Waiting]
+
+
+class WaitingQuery(Query):
+    waiting_for: WaitReason | None = optional("only nodes waiting for this")
+    limit: Limit = 50
+
+
+class AnswerInput(Body):
+    path: NonEmptyText = Field(description="the wait_for_input node's path (see /waiting)")
+    choice: NonEmptyText = Field(description="one of the node's choices")
+    comment: Note | None = Field(default=None, description="kept with the answer")
+
+
+class InputAnswered(Answer):
+    id: uuid.UUID
+    path: str
+    state: InstanceState = Field(description="the instance's state after the answer")
+    output: dict[str, Any] = Field(
+        description="the node's output: choice, comment, answered_by, answered_at"
+    )
 
 
 class Reason(Body):
@@ -181,6 +241,7 @@ class InstanceMove(Answer):
 
 class SignalSent(InstanceMove):
     signal_id: Int64
+    deduplicated: bool = Field(description="the idempotency key was used before: nothing acted")
 
 
 class RetryResult(InstanceMove):
