@@ -9,6 +9,7 @@ import importlib
 import json
 import re
 import shlex
+import time
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,7 @@ def test_the_guide_has_an_example_per_block():
     names = {fields["name"] for fields, _ in examples()}
     assert names >= {
         "when", "parallel", "race", "loop", "for_each", "router", "try_catch", "saga",
-        "sub_sequence", "on_failure",
+        "sub_sequence", "on_failure", "sleep", "delay", "wait_for_signal", "wait_for_input",
     }  # fmt: skip
 
 
@@ -56,8 +57,42 @@ def test_each_example_runs_as_printed(db_url, conn, fields, body):
         name=f"example-{fields['name']}",
         definition=json.loads(body),
     )
+    if "started_ago" in fields:  # the engine clock of the start: its timers are due now
+        conn.execute(
+            "SELECT set_config('orch8.fake_now', (now() - %s::interval)::text, false)",
+            (fields["started_ago"],),
+        )
+    instance = start(conn, stored["id"], json.loads(fields.get("data", "{}")))
+    conn.execute("RESET orch8.fake_now")
     with running(db_url):
-        instance = start(conn, stored["id"], json.loads(fields.get("data", "{}")))
+        if "signal" in fields:
+            signal = json.loads(fields["signal"])
+            sqlapi.instances.send_signal(
+                conn,
+                tenant_id=TENANT,
+                instance_id=instance,
+                signal_type=signal["type"],
+                payload=signal.get("payload", {}),
+                actor="the guide",
+            )
+        if "answer" in fields:
+            answer = json.loads(fields["answer"])
+            wait_for(conn, [instance], ("waiting",))
+            for _ in range(200):  # the runner renders the prompt, then the node waits
+                if sqlapi.instances.waiting_nodes(
+                    conn, tenant_id=TENANT, instance_id=instance, waiting_for="input"
+                ):
+                    break
+                time.sleep(0.05)
+            sqlapi.instances.answer_input(
+                conn,
+                tenant_id=TENANT,
+                instance_id=instance,
+                path=answer["path"],
+                choice=answer["choice"],
+                comment=answer.get("comment"),
+                actor="the guide",
+            )
         state, error = wait_for(conn, [instance], ("completed", "failed", "cancelled"))[instance]
     assert state == fields["state"], error
     if "error_starts" in fields:
