@@ -4,7 +4,7 @@
 -- re-checked on the locked row, and tenant isolation. Instances fail through the engine
 -- (claim, finish_step with an error); time moves with orch8.fake_now.
 BEGIN;
-SELECT plan(42);
+SELECT plan(43);
 
 SELECT set_config('tap.tenant', 'bk', true);
 SELECT set_config('orch8.fake_now', '2030-01-01 00:00:00+00', true);
@@ -197,6 +197,11 @@ SELECT throws_ok(format(
 SELECT throws_ok(
     $$SELECT * FROM orch8.bulk_apply('bk', 'retry', '{"nope": 1}', 'op')$$,
     'O8008', NULL, 'the filter is checked by bulk_filter'
+);
+
+SELECT throws_ok(
+    $$SELECT * FROM orch8.bulk_apply('bk', 'retry', '{"state": "failed"}', 'op', 'why')$$,
+    'O8008', NULL, 'a reason for an action that records none'
 );
 
 -- 4. Batches in keyset order, refusals skipped --------------------------------------------

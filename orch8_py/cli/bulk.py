@@ -149,8 +149,6 @@ def summary_text(p: bulk.Progress) -> str:
 @command
 def instances_bulk(args: argparse.Namespace, url: str) -> int:
     action: str = args.action
-    if args.reason is not None and action not in ("cancel", "pause"):
-        raise InvalidInput(f"--reason is recorded by cancel and pause only, not by {action}")
     actor = actor_of(args)
     wanted = filter_of(args)
     with db.connect(url, autocommit=True) as conn:

@@ -314,6 +314,10 @@ BEGIN
                   DETAIL = json_build_object('field', 'batch',
                                              'limit', orch8.limit_of('bulk_batch'))::text;
     END IF;
+    IF p_reason IS NOT NULL AND p_action NOT IN ('cancel', 'pause') THEN
+        RAISE EXCEPTION 'a reason is recorded by cancel and pause only, not by %', p_action
+            USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'reason')::text;
+    END IF;
     IF p_actor IS NULL OR btrim(p_actor) = '' THEN
         RAISE EXCEPTION 'a bulk action names its actor'
             USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'actor')::text;
@@ -356,6 +360,6 @@ COMMENT ON FUNCTION orch8.bulk_apply(text, text, jsonb, text, text, uuid, intege
 'cursor for the next call; NULL when none was left) and skip_reasons {reason: count} '
 'with skip_sample (up to 5 skipped instances with their reason and facts). A batch '
 'shorter than p_batch is the last. An action not of bulk_actions, a batch outside 1 to '
-'bulk_batch, no actor, an actor over actor_chars or a reason over note_bytes: O8008; '
-'the web role only in its sealed tenant (O8009). The reason is recorded by cancel and '
-'pause (retry and resume take none).';
+'bulk_batch, a reason for retry or resume (they record none), no actor, an actor over '
+'actor_chars or a reason over note_bytes: O8008; the web role only in its sealed tenant '
+'(O8009).';
