@@ -19,6 +19,7 @@ import pytest
 from orch8_py import apikeys
 from tests.cli_helpers import assert_one_line_error, orch8_env
 from tests.runner_helpers import TENANT, make_sequence
+from tests.test_api import CHARGE, fail_with_unknown_receipt, make_seq
 from web import create_app
 
 STEP = [{"type": "step", "id": "call", "handler": "noop"}]
@@ -241,3 +242,25 @@ def test_rest_bulk_refusals(client, conn):
         resp = post(client, operator, body)
         assert resp.status_code == 422, resp.get_data(as_text=True)
         assert resp.get_json()["field"] == field
+
+
+def test_rest_bulk_retry_skips_an_instance_whose_receipt_is_unknown(client, conn):
+    """The receipt decides as in a single retry: still unknown is O8006, a skip naming
+    the receipt to resolve; the other instances of the run are retried."""
+    seq = make_seq(conn, CHARGE, tenant=TENANT, name="pay")
+    blocked, effect_id = fail_with_unknown_receipt(conn, seq, tenant=TENANT)
+    failed_instances(conn, "plain", 3, "boom")
+    operator = apikeys.create(conn, TENANT, "operator", "ops")[1]
+    run = post(
+        client, operator, {"action": "retry", "filter": {"state": "failed"}, "dry_run": False}
+    )
+    body = run.get_json()
+    assert (body["matched"], body["applied"], body["skipped"]) == (4, 3, 1), body
+    reason = "receipt (block charge, attempt 0) is unknown: resolve it before retrying"
+    assert body["skipped_reasons"] == {reason: 1}
+    [sample] = body["skipped_sample"]
+    assert (sample["instance_id"], sample["error"]) == (str(blocked), "O8006")
+    assert (sample["effect_id"], sample["effect_state"]) == (str(effect_id), "unknown")
+    state = conn.execute("SELECT state::text FROM orch8.task_instances WHERE id = %s", (blocked,))
+    assert state.fetchone()[0] == "failed"  # its move was undone, nothing else
+    assert states(conn, "plain") == {"scheduled": 3}
