@@ -1,7 +1,7 @@
 """Bulk operator actions by filter (issue 12): `orch8 instances bulk` as a real process
 over 1,000 failed instances (the count first, progress lines, the summary, every instance
 retried exactly once by the audit trail), the refusal without --yes off a terminal, Ctrl-C
-after the current batch, and POST /api/v1/instances/bulk (dry run, run, skips by reason,
+after the current batch, and POST /api/v1/bulk/instances (dry run, run, skips by reason,
 an auditor's 403). Instances fail through the engine: claimed, and finished with an error.
 """
 
@@ -171,7 +171,7 @@ def client(db_url):
 
 def post(client, key, body):
     return client.post(
-        "/api/v1/instances/bulk", json=body, headers={"Authorization": f"Bearer {key}"}
+        "/api/v1/bulk/instances", json=body, headers={"Authorization": f"Bearer {key}"}
     )
 
 
@@ -228,20 +228,15 @@ def test_rest_bulk_refusals(client, conn):
         ({"action": "zap", "filter": {"state": "failed"}, "dry_run": True}, "action"),
         ({"action": "retry", "filter": {"state": "done"}, "dry_run": True}, "filter.state"),
         ({"action": "retry", "filter": {"state": "failed"}}, "dry_run"),
-    ):
-        resp = post(client, operator, body)
-        assert resp.status_code == 422, resp.get_data(as_text=True)
-        paths = [p["path"] for p in resp.get_json()["problems"]]
-        assert any(p.startswith(field) for p in paths), paths
-    # the engine's own checks, with the field it names
-    for body, field in (
         ({"action": "retry", "filter": {}, "dry_run": True}, "filter"),
+        ({"action": "retry", "filter": {"state": None}, "dry_run": True}, "filter.state"),
         ({"action": "retry", "filter": {"state": "failed"}, "dry_run": False, "reason": "x"},
          "reason"),
     ):  # fmt: skip
         resp = post(client, operator, body)
         assert resp.status_code == 422, resp.get_data(as_text=True)
-        assert resp.get_json()["field"] == field
+        paths = [p["path"] for p in resp.get_json()["problems"]]
+        assert any(p.startswith(field) for p in paths), paths
 
 
 def test_rest_bulk_retry_skips_an_instance_whose_receipt_is_unknown(client, conn):
