@@ -1,4 +1,4 @@
-"""Bulk operator actions by filter: POST /instances/bulk counts what matches (dry run) or
+"""Bulk operator actions by filter: POST /bulk/instances counts what matches (dry run) or
 acts on it, every batch in its own transaction (orch8_py/bulk.py, orch8.bulk_apply)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from .spec import WRITE, operation
 bp = Blueprint("bulk", __name__)
 
 
-@bp.post("/instances/bulk")
+@bp.post("/bulk/instances")
 @operation(
     roles=OPERATOR, ok={200: BulkResult}, errors=WRITE, tag="instances", operation_id="bulkAction"
 )
