@@ -4,7 +4,7 @@
 -- re-checked on the locked row, and tenant isolation. Instances fail through the engine
 -- (claim, finish_step with an error); time moves with orch8.fake_now.
 BEGIN;
-SELECT plan(43);
+SELECT plan(44);
 
 SELECT set_config('tap.tenant', 'bk', true);
 SELECT set_config('orch8.fake_now', '2030-01-01 00:00:00+00', true);
@@ -306,6 +306,13 @@ SELECT is(
     'an instance that changed since it was read is skipped, not acted on'
 );
 SELECT is(tap.state('f1'), 'scheduled', 'and it was not cancelled');
+SELECT is(
+    (SELECT row(a.applied, a.reason)::text FROM orch8.bulk_apply_one(
+        'bk', 'pause', orch8.bulk_filter('{"error_contains": "timeout"}'), tap.id('f2'), 'op',
+        NULL) AS a),
+    '(f,"no longer matches the filter")',
+    'an instance whose error is gone no longer matches error_contains (never NULL: unknown)'
+);
 SELECT is(
     (SELECT row(b.applied, b.skipped, b.skip_reasons)::text FROM orch8.bulk_apply(
         'bk', 'pause', '{"state": ["paused", "scheduled"], "sequence": "one"}', 'op',

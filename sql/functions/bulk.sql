@@ -154,7 +154,8 @@ RETURNS boolean
 LANGUAGE sql
 STABLE
 AS $$
-    SELECT (p_filter -> 'state' IS NULL
+    -- never NULL (an instance without an error, say): NOT of it must mean "does not match"
+    SELECT coalesce((p_filter -> 'state' IS NULL
             OR (p_inst).state::text IN (SELECT jsonb_array_elements_text(p_filter -> 'state')))
        AND (p_filter ->> 'error_contains' IS NULL
             OR strpos(lower((p_inst).error), lower(p_filter ->> 'error_contains')) > 0)
@@ -172,11 +173,12 @@ AS $$
                 WHERE s.tenant_id = (p_inst).tenant_id AND s.id = (p_inst).sequence_id
                   AND (p_filter ->> 'sequence' IS NULL OR s.name = p_filter ->> 'sequence')
                   AND (p_filter ->> 'namespace' IS NULL
-                       OR s.namespace = p_filter ->> 'namespace')))
+                       OR s.namespace = p_filter ->> 'namespace'))), false)
 $$;
 
 COMMENT ON FUNCTION orch8.bulk_matches(orch8.task_instances, jsonb) IS
-'Whether an instance matches a filter bulk_filter normalised: every key given holds '
+'Whether an instance matches a filter bulk_filter normalised (true or false, never NULL): '
+'every key given holds '
 '(error_contains is a literal, case-insensitive; after is inclusive, before exclusive). '
 'The one predicate of bulk_count, of bulk_apply''s selection and of its re-check on the '
 'locked row.';
