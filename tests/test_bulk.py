@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -156,6 +158,60 @@ def test_ctrl_c_stops_after_the_current_batch(db_url, conn):
     assert "stopping after the current batch" in err
     # what the summary says was applied is what the audit trail holds: no batch half-done
     assert retries_by(conn, "long", "ops:ctrl-c") == (400, summary["applied"], summary["applied"])
+
+
+def on_a_terminal(db_url: str, answer: str, *args: str) -> tuple[int, str, str]:
+    """The command with stdin and stderr on a pseudo-terminal, answering the prompt with
+    ``answer``: (exit code, what the terminal showed, stdout)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orch8_py", "instances", "bulk", *args, "--tenant", TENANT],
+        env=orch8_env(ORCH8_DATABASE_URL=db_url, USER="tester"),
+        stdin=slave,
+        stderr=slave,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    os.close(slave)
+    shown, answered = b"", False
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], 60)
+            assert ready, shown  # the command answers within a minute
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # the terminal closed: the command ended
+                break
+            if not chunk:
+                break
+            shown += chunk
+            if not answered and b"[y/N] " in shown:
+                os.write(master, answer.encode() + b"\n")
+                answered = True
+    finally:
+        os.close(master)
+    out, _ = proc.communicate(timeout=60)
+    return proc.returncode, shown.decode(), out
+
+
+def test_on_a_terminal_it_asks_and_draws_a_bar(db_url, conn):
+    failed_instances(conn, "tty", 20, "boom")
+    flags = ("--sequence", "tty", "--state", "failed", "--batch", "5")
+    code, shown, out = on_a_terminal(db_url, "n", "retry", *flags)
+    assert code == 1 and out == "", shown
+    assert "retry 20 instance(s)? [y/N]" in shown and "not confirmed; nothing changed" in shown
+    assert states(conn, "tty") == {"failed": 20}
+
+    code, shown, out = on_a_terminal(db_url, "y", "retry", *flags, "--actor", "ops:tty")
+    assert code == 0, shown
+    bars = re.findall(r"\rretry \[([#.]{30})\] (\d+)/20", shown)
+    assert [int(n) for _, n in bars] == [5, 10, 15, 20, 20], shown  # redrawn in place
+    assert bars[-1][0] == "#" * 30
+    assert (
+        out.splitlines()[0]
+        == "retry: 20 applied, 0 skipped of 20 processed (20 matched at the dry run)"
+    )
+    assert retries_by(conn, "tty", "ops:tty") == (20, 20, 20)
 
 
 # --- REST ---------------------------------------------------------------------------------
