@@ -27,6 +27,8 @@ OUTBOX_STATES = ('pending', 'delivering', 'delivered', 'parked', 'discarded')
 
 API_KEY_ROLES = ('operator', 'worker', 'auditor', 'admin')
 
+BULK_ACTIONS = ('retry', 'cancel', 'pause', 'resume')
+
 EFFECT_TRANSITIONS = {'planned': ('prepared', 'abandoned'),
  'prepared': ('dispatched', 'abandoned'),
  'dispatched': ('committed', 'unknown'),
@@ -49,6 +51,7 @@ RESOLUTIONS_NEEDING_EVIDENCE = ('abandoned', 'compensated')
 LIMITS = {'actor_chars': 200,
  'block_id_chars': 200,
  'branches': 256,
+ 'bulk_batch': 1000,
  'context_bytes': 262144,
  'definition_bytes': 1048576,
  'error_chars': 2000,

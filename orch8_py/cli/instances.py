@@ -1,5 +1,5 @@
-"""`orch8 instances start|list|show|retry|cancel|pause|resume|signal|waiting|answer`: start
-and operate workflow instances."""
+"""`orch8 instances start|list|show|retry|cancel|pause|resume|signal|waiting|answer` (and
+`bulk`, in bulk.py): start and operate workflow instances."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from .. import db, rules, sqlapi
 from ..errors import EffectBlocked, InvalidInput, NotFound
 from ..sqlapi.base import NO_OUTPUT, Conn
 from ..tree_rows import TreeNode, as_json, nest
+from .bulk import add_parser as add_bulk_parser
 from .common import (
     EXIT_BLOCKED,
     EXIT_OK,
@@ -494,3 +495,4 @@ def add_parsers(sub: Subparsers) -> None:
     actor_flag(ans)
     common_flags(ans)
     ans.set_defaults(db_func=instances_answer)
+    add_bulk_parser(instsub)

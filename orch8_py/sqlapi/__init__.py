@@ -17,6 +17,7 @@ tests aside).
 from __future__ import annotations
 
 from . import (
+    bulk,
     catalog,
     effects,
     instances,
@@ -34,6 +35,7 @@ from .base import Conn, Row
 __all__ = [
     "Conn",
     "Row",
+    "bulk",
     "catalog",
     "effects",
     "instances",

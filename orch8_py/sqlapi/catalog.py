@@ -65,6 +65,7 @@ def read(conn: Conn) -> dict[str, Any]:
         "WEBHOOK_EVENTS": tuple(value(conn, "SELECT orch8.webhook_events()")),
         "OUTBOX_STATES": tuple(value(conn, "SELECT orch8.outbox_states()")),
         "API_KEY_ROLES": tuple(value(conn, "SELECT orch8.api_key_roles()")),
+        "BULK_ACTIONS": tuple(value(conn, "SELECT orch8.bulk_actions()")),
         "EFFECT_TRANSITIONS": _moves(conn, "effect_transitions"),
         "INSTANCE_TRANSITIONS": _moves(conn, "instance_transition_table"),
         "RESOLUTIONS": _moves(conn, "effect_resolutions"),
