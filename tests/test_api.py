@@ -513,7 +513,7 @@ def test_instance_detail_outputs_audit_and_signals(conn, api, as_role):
     sent = ok(
         api.post(f"/instances/{inst}/signals", {"type": "approved", "payload": {"by": "bob"}}), 201
     )
-    assert sent["outcome"] == "recorded" and sent["state"] == "scheduled"
+    assert sent["outcome"] == "pending" and sent["state"] == "scheduled"
     sent = ok(api.post(f"/instances/{inst}/signals", {"type": "pause"}), 201)
     assert sent["outcome"] == "paused" and sent["state"] == "paused"
     signals = ok(api.get(f"/instances/{inst}/signals"))["items"]

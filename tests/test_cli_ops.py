@@ -153,7 +153,7 @@ def test_instances_list_and_operations(db_url, conn):
     assert "already paused" in ok(db_url, "instances", "pause", a, *t)
     assert ok_json(db_url, "instances", "resume", a, *t)["outcome"] == "scheduled"
     sig = ok_json(db_url, "instances", "signal", a, "approved", "--payload", '{"by": "bob"}', *t)
-    assert sig["outcome"] == "recorded" and sig["signal_type"] == "approved"
+    assert sig["outcome"] == "pending" and sig["signal_type"] == "approved"
     assert conn.execute(
         "SELECT payload, actor FROM orch8.instance_signals WHERE instance_id = %s", (a,)
     ).fetchone() == ({"by": "bob"}, "cli:tester")
