@@ -27,6 +27,12 @@ OUTBOX_STATES = ('pending', 'delivering', 'delivered', 'parked', 'discarded')
 
 API_KEY_ROLES = ('operator', 'worker', 'auditor', 'admin')
 
+SCHEDULE_STATES = ('active', 'paused', 'ended')
+
+OVERLAP_POLICIES = ('allow', 'skip', 'buffer_one', 'cancel_previous')
+
+SCHEDULE_FIRE_OUTCOMES = ('started', 'skipped_overlap', 'buffered', 'missed', 'cancelled_previous')
+
 EFFECT_TRANSITIONS = {'planned': ('prepared', 'abandoned'),
  'prepared': ('dispatched', 'abandoned'),
  'dispatched': ('committed', 'unknown'),
