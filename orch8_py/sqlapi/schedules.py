@@ -71,17 +71,18 @@ def list_schedules(
     tenant_id: str,
     limit: int,
     state: str | None = None,
-    after_name: str | None = None,
+    after: tuple[str, uuid.UUID] | None = None,
 ) -> list[Row]:
     """The tenant's schedules by name (ended ones too, unless ``state`` says otherwise);
-    ``after_name`` pages on."""
+    ``after`` (name, id) pages on."""
+    name, sid = after if after is not None else (None, None)
     return all_rows(
         conn,
         f"SELECT {SCHEDULE} FROM orch8.schedule_overview WHERE tenant_id = %(tenant)s"
         " AND (%(state)s::text IS NULL OR state = %(state)s)"
-        " AND (%(after)s::text IS NULL OR name > %(after)s)"
-        " ORDER BY name, created_at, id LIMIT %(limit)s",
-        {"tenant": tenant_id, "state": state, "after": after_name, "limit": limit},
+        " AND (%(name)s::text IS NULL OR (name, id) > (%(name)s::text, %(id)s::uuid))"
+        " ORDER BY name, id LIMIT %(limit)s",
+        {"tenant": tenant_id, "state": state, "name": name, "id": sid, "limit": limit},
     )
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from flask import Blueprint, Flask, Response
 
-from . import effects, instances, sequences, webhooks
+from . import effects, instances, schedules, sequences, webhooks
 from .spec import PREFIX, document, dumps
 
 
 def register(app: Flask) -> None:
     api = Blueprint("api", __name__, url_prefix=PREFIX)
-    for module in (sequences, instances, effects, webhooks):
+    for module in (sequences, instances, effects, webhooks, schedules):
         api.register_blueprint(module.bp)
 
     @api.get("/openapi.json")
