@@ -135,7 +135,14 @@ def _move(move: str, schedule_id: uuid.UUID) -> ScheduleMove:
     with tenant_tx() as conn:
         outcome = do(conn, tenant_id=g.tenant, schedule_id=schedule_id, actor=g.actor)
         row = _load(conn, schedule_id)
-    return ScheduleMove.model_validate({**row, "outcome": outcome})
+    return ScheduleMove.model_validate(
+        {
+            "id": row["id"],
+            "outcome": outcome,
+            "state": row["state"],
+            "next_fire_at": row["next_fire_at"],
+        }
+    )
 
 
 @bp.post("/schedules/<schedule_id>/pause")

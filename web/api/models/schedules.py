@@ -106,6 +106,7 @@ class ScheduleMove(Answer):
 
 class ScheduleFire(Answer):
     seq: Int64
+    schedule_id: uuid.UUID
     fire_at: dt.datetime = Field(description="the fire time (missed: the last one missed)")
     outcome: FireOutcome
     instance_id: uuid.UUID | None
