@@ -292,3 +292,47 @@ def test_two_runner_processes_fire_each_due_schedule_once(db_url, conn, tmp_path
         "SELECT count(*), count(*) FILTER (WHERE state = 'completed') FROM orch8.task_instances"
     ).fetchone() == (len(schedules), len(schedules))
     assert "event=schedule.fire" in logs
+
+
+# --- the console -----------------------------------------------------------------------------
+
+
+def test_console_lists_schedules_and_pauses_and_resumes_them(app, conn):
+    from tests.test_console import csrf_of, login
+
+    make_job(conn)
+    sid = sqlapi.schedules.create_schedule(
+        conn, tenant_id=ACME, name="nightly", sequence_name="job", cron="30 2 * * *",
+        timezone="Europe/Berlin", overlap_policy="cancel_previous",
+    )  # fmt: skip
+    keys = {r: apikeys.create(conn, ACME, r, f"{r}-carol")[1] for r in ("operator", "auditor")}
+
+    def state():
+        return conn.execute("SELECT state FROM orch8.schedules WHERE id = %s", (sid,)).fetchone()[0]
+
+    operator = app.test_client()
+    assert login(operator, keys["operator"]).status_code == 302
+    html = operator.get("/console/schedules").text
+    assert "nightly" in html and "30 2 * * *" in html and "cancel_previous" in html
+    assert 'aria-current="page">Schedules' in html
+    row = sqlapi.schedules.get_schedule(conn, tenant_id=ACME, schedule_id=sid)
+    assert row is not None
+    assert row["next_fire_at"].astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC") in html
+    assert 'id="pause-nightly"' in html
+
+    resp = operator.post(f"/console/schedules/{sid}/pause", data={"csrf_token": csrf_of(html)})
+    assert resp.status_code == 302 and state() == "paused"
+    html = operator.get("/console/schedules").text
+    assert "Paused: no fire until it is resumed." in html and 'id="resume-nightly"' in html
+    operator.post(f"/console/schedules/{sid}/resume", data={"csrf_token": csrf_of(html)})
+    assert state() == "active"
+    assert operator.post(f"/console/schedules/{sid}/pause", data={}).status_code in (400, 403)
+    assert state() == "active"
+
+    auditor = app.test_client()
+    assert login(auditor, keys["auditor"]).status_code == 302
+    html = auditor.get("/console/schedules").text
+    assert "nightly" in html and 'id="pause-nightly"' not in html
+    forged = auditor.post(f"/console/schedules/{sid}/pause", data={"csrf_token": csrf_of(html)})
+    assert forged.status_code == 403 and "can only read" in forged.text
+    assert state() == "active"
