@@ -88,7 +88,7 @@ def test_rest_create_list_get_pause_resume_end_and_fires(conn, as_role):
     # bad input: 422 with the field; a name in use too; the engine's word on cron
     bad = problem(api.post("/schedules", {**body, "name": "x", "cron": "0 0 30 2 *"}), 422)
     assert bad["field"] == "cron" and bad["problems"] == [
-        "no date matches: day-of-month 30 never falls in month 2"
+        {"path": "cron", "message": "no date matches: day-of-month 30 never falls in month 2"}
     ]
     assert problem(api.post("/schedules", {**body, "timezone": "Mars/X"}), 422)["field"] == (
         "timezone"

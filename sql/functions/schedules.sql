@@ -320,8 +320,9 @@ BEGIN
         RAISE EXCEPTION 'invalid cron expression %: %', quote_literal(p_expr),
             array_to_string(v_parsed.problems, '; ')
             USING ERRCODE = 'O8008',
-                  DETAIL = json_build_object('field', 'cron',
-                                             'problems', v_parsed.problems)::text;
+                  DETAIL = json_build_object('field', 'cron', 'problems', (
+                      SELECT json_agg(json_build_object('path', 'cron', 'message', u.p))
+                      FROM unnest(v_parsed.problems) AS u (p)))::text;
     END IF;
     BEGIN
         -- cheap (pg_timezone_names reads every zone file): any zone PostgreSQL knows
@@ -337,7 +338,8 @@ $$;
 
 COMMENT ON FUNCTION orch8.cron_next(text, text, timestamptz) IS
 'The first fire time of a cron expression strictly after p_after in the time zone p_tz '
-'(see cron_next(cron_spec, ...)). An invalid expression (DETAIL {field: cron, problems}) '
+'(see cron_next(cron_spec, ...)). An invalid expression (DETAIL {field: cron, problems: '
+'[{path, message}]}) '
 'or a zone PostgreSQL does not know (DETAIL {field: timezone}): O8008. create_schedule '
 'is stricter: a name of pg_timezone_names.';
 
@@ -436,8 +438,9 @@ BEGIN
         RAISE EXCEPTION 'invalid cron expression %: %', coalesce(quote_literal(p_cron), 'NULL'),
             array_to_string(v_parsed.problems, '; ')
             USING ERRCODE = 'O8008',
-                  DETAIL = json_build_object('field', 'cron',
-                                             'problems', v_parsed.problems)::text;
+                  DETAIL = json_build_object('field', 'cron', 'problems', (
+                      SELECT json_agg(json_build_object('path', 'cron', 'message', u.p))
+                      FROM unnest(v_parsed.problems) AS u (p)))::text;
     END IF;
     IF p_timezone IS NULL
        OR NOT EXISTS (SELECT 1 FROM pg_timezone_names AS z WHERE z.name = p_timezone) THEN
