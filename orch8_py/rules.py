@@ -31,7 +31,7 @@ SCHEDULE_STATES = ('active', 'paused', 'ended')
 
 OVERLAP_POLICIES = ('allow', 'skip', 'buffer_one', 'cancel_previous')
 
-SCHEDULE_FIRE_OUTCOMES = ('started', 'skipped_overlap', 'buffered', 'missed', 'cancelled_previous')
+SCHEDULE_FIRE_OUTCOMES = ('started', 'skipped_overlap', 'buffered', 'missed', 'cancelled_previous', 'failed')
 
 EFFECT_TRANSITIONS = {'planned': ('prepared', 'abandoned'),
  'prepared': ('dispatched', 'abandoned'),

@@ -63,6 +63,15 @@ class ScheduleFirer:
             fires = self.fire_once()
             total += len(fires)
             for f in fires:
+                if f["outcome"] == "failed":
+                    log.error(
+                        "event=schedule.fire_failed tenant=%s schedule=%s fire_at=%s error=%r",
+                        f["tenant_id"],
+                        f["schedule_id"],
+                        f["fire_at"].isoformat(),
+                        f["error"],
+                    )
+                    continue
                 log.info(
                     "event=schedule.fire tenant=%s schedule=%s fire_at=%s outcome=%s instance=%s",
                     f["tenant_id"],

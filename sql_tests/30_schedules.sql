@@ -2,7 +2,7 @@
 -- create/pause/resume/end, and fire_due_schedules (idempotency key, catch-up rule, each
 -- overlap policy, starts_at/ends_at, the CAS). Time moves with orch8.fake_now.
 BEGIN;
-SELECT plan(123);
+SELECT plan(127);
 
 SET LOCAL timezone = 'UTC';
 
@@ -538,6 +538,36 @@ SELECT is(
     ),
     1, 'one instance for the outage, not one per fire time'
 );
+
+-- a fire the engine refuses is recorded as failed; the schedule and the others go on
+SELECT set_config('orch8.fake_now', '2030-01-02 06:00:30+00', true);
+INSERT INTO sched VALUES ('sx', orch8.create_schedule(
+    'ts', 'sx', 'job', '* * * * *', p_data => jsonb_build_object('big', repeat('x', 200))
+));
+INSERT INTO sched VALUES ('sy', orch8.create_schedule('ts', 'sy', 'job', '* * * * *'));
+SELECT set_config('orch8.max_context_bytes', '100', true);
+SELECT cmp_ok(pg_temp.fire('2030-01-02 06:01:00+00'), '>=', 2, 'a pass with a refused fire');
+SELECT is(
+    (
+        SELECT row(outcome, fire_at, error LIKE 'O8008: instance context is % bytes%')::text
+        FROM fired
+        WHERE schedule_id = pg_temp.sid('sx')
+    ),
+    row('failed', '2030-01-02 06:01Z'::timestamptz, true)::text,
+    'the refused fire is failed, with the error'
+);
+SELECT is(
+    pg_temp.outcomes('sy', '2030-01-02 06:01Z'), 'started@06:01',
+    'the other schedule in the same pass started'
+);
+SELECT is(
+    (
+        SELECT next_fire_at FROM orch8.schedules
+        WHERE id = pg_temp.sid('sx')
+    ),
+    '2030-01-02 06:02Z', 'the failed schedule moved on to its next fire time'
+);
+SELECT set_config('orch8.max_context_bytes', '', true);
 
 -- 6. History stays -------------------------------------------------------------------------
 

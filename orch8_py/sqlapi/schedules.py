@@ -19,7 +19,7 @@ SCHEDULE = (
 )
 FIRE = (
     "seq, schedule_id, fire_at, outcome, instance_id, previous_instance_id, missed_count,"
-    " missed_from, count_capped, actor, recorded_at"
+    " missed_from, count_capped, error, actor, recorded_at"
 )
 
 
@@ -175,7 +175,7 @@ def fire_due_schedules(conn: Conn, *, limit: int, actor: str) -> list[Row]:
     caller's, or the statement's in autocommit); the fires recorded."""
     return all_rows(
         conn,
-        "SELECT tenant_id, schedule_id, fire_at, outcome, instance_id, missed_count"
+        "SELECT tenant_id, schedule_id, fire_at, outcome, instance_id, missed_count, error"
         " FROM orch8.fire_due_schedules(p_limit => %(limit)s, p_actor => %(actor)s)",
         {"limit": limit, "actor": actor},
     )

@@ -819,6 +819,60 @@ COMMENT ON FUNCTION orch8.schedule_fire(orch8.schedules, timestamptz, text) IS
 'fire times (one row) and apply the overlap policy to the latest due one. Returns the '
 'fires recorded.';
 
+CREATE OR REPLACE FUNCTION orch8.schedule_fire_failed(
+    p_row orch8.schedules, p_now timestamptz, p_actor text, p_error text
+)
+RETURNS SETOF orch8.schedule_fires
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_spec orch8.cron_spec := orch8.cron_parse(p_row.cron);
+    v_fire timestamptz;
+    v_next timestamptz;
+BEGIN
+    IF p_row.next_fire_at IS NULL OR p_row.next_fire_at > p_now THEN
+        -- a buffered fire failed: it is dropped, the schedule goes on
+        UPDATE orch8.schedules AS s SET buffered_fire_at = NULL
+        WHERE s.tenant_id = p_row.tenant_id AND s.id = p_row.id
+          AND s.buffered_fire_at = p_row.buffered_fire_at;
+        v_fire := p_row.buffered_fire_at;
+    ELSE
+        v_fire := coalesce(orch8.cron_latest(
+            v_spec, p_row.timezone, p_row.next_fire_at,
+            CASE WHEN p_row.ends_at <= p_now THEN p_row.ends_at - interval '1 microsecond'
+                 ELSE p_now END), p_row.next_fire_at);
+        v_next := orch8.cron_next(v_spec, p_row.timezone, v_fire);
+        IF v_next >= p_row.ends_at THEN
+            v_next := NULL;
+        END IF;
+        UPDATE orch8.schedules AS s
+        SET next_fire_at = v_next,
+            state = CASE WHEN v_next IS NULL THEN 'ended' ELSE 'active' END,
+            ended_at = CASE WHEN v_next IS NULL THEN p_now END,
+            updated_at = p_now,
+            updated_by = p_actor
+        WHERE s.tenant_id = p_row.tenant_id AND s.id = p_row.id AND s.state = 'active'
+          AND s.next_fire_at = p_row.next_fire_at;
+        IF NOT found THEN
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY
+    INSERT INTO orch8.schedule_fires AS f (
+        tenant_id, schedule_id, fire_at, outcome, error, actor
+    ) VALUES (
+        p_row.tenant_id, p_row.id, v_fire, 'failed',
+        left(p_error, orch8.limit_of('error_chars')::integer), p_actor
+    )
+    RETURNING f.*;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.schedule_fire_failed(orch8.schedules, timestamptz, text, text) IS
+'Private (fire_due_schedules, after schedule_fire raised and was rolled back): record the '
+'fire as failed with the error and move past it (the next fire time, or the buffered fire '
+'dropped), so one refusal never stops the schedule or blocks the others.';
+
 CREATE OR REPLACE FUNCTION orch8.fire_due_schedules(
     p_limit integer DEFAULT 100, p_actor text DEFAULT 'scheduler'
 )
@@ -827,33 +881,63 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_now timestamptz := orch8.now();
+    v_actor text := coalesce(p_actor, 'scheduler');
     v_row orch8.schedules;
+    v_taken integer := 0;
+    v_error text;
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
         RAISE EXCEPTION 'fire_due_schedules needs a limit >= 1'
             USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'limit')::text;
     END IF;
     PERFORM orch8.require_size('actor', 'actor_chars', char_length(p_actor));
+    -- the due ones, soonest first (schedules_due_idx), then buffered fires whose previous
+    -- instance has ended (schedules_buffered_idx); a schedule locked by another runner is
+    -- that runner's
     FOR v_row IN
         SELECT s.* FROM orch8.schedules AS s
-        WHERE s.state = 'active'
-          AND (s.next_fire_at <= v_now
-               OR s.buffered_fire_at IS NOT NULL AND NOT EXISTS (
-                   SELECT 1 FROM orch8.task_instances AS t
-                   WHERE t.tenant_id = s.tenant_id AND t.id = s.last_instance_id
-                     AND t.state NOT IN ('completed', 'failed', 'cancelled')))
+        WHERE s.state = 'active' AND s.next_fire_at <= v_now
         ORDER BY s.next_fire_at
         LIMIT p_limit
         FOR UPDATE OF s SKIP LOCKED
     LOOP
-        RETURN QUERY SELECT * FROM orch8.schedule_fire(v_row, v_now, coalesce(p_actor, 'scheduler'));
+        v_taken := v_taken + 1;
+        BEGIN
+            RETURN QUERY SELECT * FROM orch8.schedule_fire(v_row, v_now, v_actor);
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS v_error = MESSAGE_TEXT;
+            RETURN QUERY SELECT * FROM orch8.schedule_fire_failed(
+                v_row, v_now, v_actor, format('%s: %s', sqlstate, v_error));
+        END;
+    END LOOP;
+    IF v_taken >= p_limit THEN
+        RETURN;
+    END IF;
+    FOR v_row IN
+        SELECT s.* FROM orch8.schedules AS s
+        WHERE s.state = 'active' AND s.buffered_fire_at IS NOT NULL
+          AND NOT EXISTS (
+              SELECT 1 FROM orch8.task_instances AS t
+              WHERE t.tenant_id = s.tenant_id AND t.id = s.last_instance_id
+                AND t.state NOT IN ('completed', 'failed', 'cancelled'))
+        LIMIT p_limit - v_taken
+        FOR UPDATE OF s SKIP LOCKED
+    LOOP
+        BEGIN
+            RETURN QUERY SELECT * FROM orch8.schedule_fire(v_row, v_now, v_actor);
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS v_error = MESSAGE_TEXT;
+            RETURN QUERY SELECT * FROM orch8.schedule_fire_failed(
+                v_row, v_now, v_actor, format('%s: %s', sqlstate, v_error));
+        END;
     END LOOP;
 END
 $$;
 
 COMMENT ON FUNCTION orch8.fire_due_schedules(integer, text) IS
-'The runner''s tick: up to p_limit active schedules that are due (next_fire_at <= now, or '
-'a buffered fire whose previous instance ended), across tenants, taken FOR UPDATE SKIP '
+'The runner''s tick: up to p_limit active schedules that are due (next_fire_at <= now, '
+'then buffered fires whose previous instance ended), across tenants, taken FOR UPDATE SKIP '
 'LOCKED (runners never fire one schedule twice), each fired in this transaction '
 '(schedule_fire). Several due fire times: the latest starts, the earlier ones are one '
-'missed row. Returns the fires recorded. A limit below 1: O8008.';
+'missed row. A fire the engine refuses is rolled back alone and recorded as failed '
+'(schedule_fire_failed). Returns the fires recorded. A limit below 1: O8008.';

@@ -34,13 +34,16 @@ LANGUAGE sql
 IMMUTABLE
 PARALLEL SAFE
 AS $$
-    SELECT ARRAY['started', 'skipped_overlap', 'buffered', 'missed', 'cancelled_previous']
+    SELECT ARRAY[
+        'started', 'skipped_overlap', 'buffered', 'missed', 'cancelled_previous', 'failed'
+    ]
 $$;
 
 COMMENT ON FUNCTION orch8.schedule_fire_outcomes() IS
 'The outcomes of a fire time in orch8.schedule_fires: started, skipped_overlap, buffered, '
 'missed (fire times passed while nothing ran, one row per catch-up), cancelled_previous '
-'(started after asking to cancel the previous instance).';
+'(started after asking to cancel the previous instance), failed (the engine refused to '
+'start it, e.g. data over the context limit: the error is kept, the schedule goes on).';
 
 -- A parsed cron expression (orch8.cron_parse): the values each field allows, sorted, and
 -- whether each day field starts with * (Vixie: then both day fields must match).
@@ -151,6 +154,7 @@ CREATE TABLE orch8.schedule_fires (
     missed_count integer CHECK (missed_count >= 1),
     missed_from timestamptz,
     count_capped boolean NOT NULL DEFAULT false,
+    error text,
     actor text NOT NULL,
     db_user text NOT NULL DEFAULT session_user,
     recorded_at timestamptz NOT NULL DEFAULT orch8.now(),
@@ -159,7 +163,8 @@ CREATE TABLE orch8.schedule_fires (
     FOREIGN KEY (tenant_id, instance_id) REFERENCES orch8.task_instances (tenant_id, id),
     CHECK ((outcome IN ('started', 'cancelled_previous')) = (instance_id IS NOT NULL)),
     CHECK ((outcome = 'missed') = (missed_count IS NOT NULL AND missed_from IS NOT NULL)),
-    CHECK ((outcome = 'cancelled_previous') = (previous_instance_id IS NOT NULL))
+    CHECK ((outcome = 'cancelled_previous') = (previous_instance_id IS NOT NULL)),
+    CHECK ((outcome = 'failed') = (error IS NOT NULL))
 );
 
 COMMENT ON TABLE orch8.schedule_fires IS
@@ -178,6 +183,8 @@ COMMENT ON COLUMN orch8.schedule_fires.missed_count IS
 COMMENT ON COLUMN orch8.schedule_fires.missed_from IS 'missed: the first fire time missed.';
 COMMENT ON COLUMN orch8.schedule_fires.count_capped IS
 'missed: true when more than missed_count were missed (counting stopped there).';
+COMMENT ON COLUMN orch8.schedule_fires.error IS
+'failed: the engine''s refusal (SQLSTATE and message), cut to error_chars.';
 COMMENT ON COLUMN orch8.schedule_fires.actor IS 'Who fired it: the runner''s worker id.';
 COMMENT ON COLUMN orch8.schedule_fires.db_user IS
 'The PostgreSQL login that recorded it (session_user); no caller can set it.';
@@ -216,7 +223,8 @@ INSERT INTO orch8.function_access (name, access) VALUES
 ('end_schedule', 'web'),
 ('lock_schedule', 'private'),
 ('schedule_fire', 'private'),
-('schedule_start', 'private')
+('schedule_start', 'private'),
+('schedule_fire_failed', 'private')
 ON CONFLICT (name) DO UPDATE SET access = excluded.access;
 
 -- What the front ends list and show --------------------------------------------------

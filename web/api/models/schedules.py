@@ -114,6 +114,7 @@ class ScheduleFire(Answer):
     missed_count: int | None = Field(description="missed: how many (counted up to 1000)")
     missed_from: dt.datetime | None = Field(description="missed: the first one missed")
     count_capped: bool = Field(description="missed: more than missed_count were missed")
+    error: str | None = Field(description="failed: the engine's refusal")
     actor: str
     recorded_at: dt.datetime
 
