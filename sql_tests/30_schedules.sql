@@ -2,7 +2,7 @@
 -- create/pause/resume/end, and fire_due_schedules (idempotency key, catch-up rule, each
 -- overlap policy, starts_at/ends_at, the CAS). Time moves with orch8.fake_now.
 BEGIN;
-SELECT plan(127);
+SELECT plan(130);
 
 SET LOCAL timezone = 'UTC';
 
@@ -568,6 +568,34 @@ SELECT is(
     '2030-01-02 06:02Z', 'the failed schedule moved on to its next fire time'
 );
 SELECT set_config('orch8.max_context_bytes', '', true);
+
+-- a crash after the instance was created but before the schedule advanced (say, a fire
+-- made by hand in another transaction): the key hands back that instance, no second one
+SELECT set_config('orch8.fake_now', '2030-01-02 06:01:30+00', true);
+INSERT INTO sched VALUES ('sk', orch8.create_schedule('ts', 'sk', 'job', '* * * * *'));
+CREATE TEMP TABLE early AS
+SELECT c.id FROM orch8.create_instance(
+    'ts', (
+        SELECT q.id FROM orch8.sequences AS q
+        WHERE q.tenant_id = 'ts' AND q.name = 'job'
+    ),
+    p_idempotency_key => orch8.schedule_fire_key(pg_temp.sid('sk'), '2030-01-02 06:02Z')
+) AS c;
+SELECT cmp_ok(pg_temp.fire('2030-01-02 06:02:05+00'), '>=', 1, 'the fire at 06:02 ...');
+SELECT is(
+    (
+        SELECT f.instance_id FROM fired AS f
+        WHERE f.schedule_id = pg_temp.sid('sk')
+    ),
+    (SELECT e.id FROM early AS e), '... is the instance its key already named'
+);
+SELECT is(
+    (
+        SELECT count(*)::integer FROM orch8.task_instances
+        WHERE idempotency_key LIKE 'orch8:schedule:' || pg_temp.sid('sk') || ':%'
+    ),
+    1, 'one instance for that fire time'
+);
 
 -- 6. History stays -------------------------------------------------------------------------
 
