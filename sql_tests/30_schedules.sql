@@ -2,7 +2,7 @@
 -- create/pause/resume/end, and fire_due_schedules (idempotency key, catch-up rule, each
 -- overlap policy, starts_at/ends_at, the CAS). Time moves with orch8.fake_now.
 BEGIN;
-SELECT plan(130);
+SELECT plan(133);
 
 SET LOCAL timezone = 'UTC';
 
@@ -595,6 +595,25 @@ SELECT is(
         WHERE idempotency_key LIKE 'orch8:schedule:' || pg_temp.sid('sk') || ':%'
     ),
     1, 'one instance for that fire time'
+);
+
+-- buffer_one on the last fire before ends_at: nothing is buffered for an ended schedule
+SELECT set_config('orch8.fake_now', '2030-01-02 06:02:10+00', true);
+INSERT INTO sched VALUES ('sl', orch8.create_schedule(
+    'ts', 'sl', 'job', '*/5 * * * *', p_overlap_policy => 'buffer_one',
+    p_ends_at => '2030-01-02 06:12Z'
+));
+SELECT cmp_ok(pg_temp.fire('2030-01-02 06:05:00+00'), '>=', 1, 'sl starts at 06:05');
+SELECT cmp_ok(pg_temp.fire('2030-01-02 06:10:00+00'), '>=', 1, 'at 06:10, its last fire ...');
+SELECT is(
+    (
+        SELECT row(s.state, s.buffered_fire_at, f.outcome)::text
+        FROM orch8.schedules AS s
+        INNER JOIN fired AS f ON s.id = f.schedule_id AND f.fire_at = '2030-01-02 06:10Z'
+        WHERE s.id = pg_temp.sid('sl')
+    ),
+    row('ended', NULL::timestamptz, 'skipped_overlap')::text,
+    '... is skipped, not buffered: the schedule ended'
 );
 
 -- 6. History stays -------------------------------------------------------------------------

@@ -702,6 +702,7 @@ DECLARE
     v_at timestamptz;
     v_count integer := 0;
     v_outcome text;
+    v_last boolean;
 BEGIN
     v_ended := v_row.last_instance_id IS NULL OR coalesce((
         SELECT t.state IN ('completed', 'failed', 'cancelled') FROM orch8.task_instances AS t
@@ -756,6 +757,7 @@ BEGIN
     IF NOT found THEN
         RETURN;
     END IF;
+    v_last := v_next IS NULL;  -- this fire ended the schedule
     IF v_fire > v_row.next_fire_at THEN
         v_at := v_row.next_fire_at;
         WHILE v_at < v_fire AND v_count < 1000 LOOP
@@ -781,8 +783,9 @@ BEGIN
     v_outcome := CASE
         WHEN v_ended OR v_row.overlap_policy = 'allow' THEN 'started'
         WHEN v_row.overlap_policy = 'cancel_previous' THEN 'cancelled_previous'
+        -- nothing is buffered for a schedule that this fire ended: it would never start
         WHEN v_row.overlap_policy = 'buffer_one' AND v_row.buffered_fire_at IS NULL
-            THEN 'buffered'
+             AND NOT v_last THEN 'buffered'
         ELSE 'skipped_overlap'
     END;
     IF v_outcome = 'buffered' THEN
