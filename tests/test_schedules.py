@@ -336,3 +336,37 @@ def test_console_lists_schedules_and_pauses_and_resumes_them(app, conn):
     forged = auditor.post(f"/console/schedules/{sid}/pause", data={"csrf_token": csrf_of(html)})
     assert forged.status_code == 403 and "can only read" in forged.text
     assert state() == "active"
+
+
+def test_the_schedule_loop_rides_out_a_database_that_does_not_answer(caplog):
+    from psycopg_pool import ConnectionPool
+
+    from orch8_py.schedules import ScheduleFirer
+
+    # nothing listens on port 1: every tick is a lost connection (PoolTimeout), logged
+    pool: ConnectionPool = ConnectionPool(
+        "postgresql://postgres@127.0.0.1:1/none",
+        min_size=1,
+        open=False,
+        timeout=0.2,
+        kwargs={"connect_timeout": 1},
+    )
+    pool.open(wait=False)
+    firer = ScheduleFirer(pool, "w:schedules", interval=0.01)
+    stop = threading.Event()
+    thread = threading.Thread(target=firer.run, args=(stop,), daemon=True)
+    caplog.set_level("WARNING", logger="orch8.schedules")
+    thread.start()
+    try:
+        for _ in range(100):
+            if sum("event=schedules.db_lost" in r.getMessage() for r in caplog.records) >= 2:
+                break
+            stop.wait(0.05)
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        pool.close()
+    assert not thread.is_alive(), "the loop did not stop"
+    lost = [r for r in caplog.records if "event=schedules.db_lost" in r.getMessage()]
+    assert len(lost) >= 2, "it kept ticking after the first loss"
+    assert not [r for r in caplog.records if "event=schedules.error" in r.getMessage()]
