@@ -29,6 +29,12 @@ API_KEY_ROLES = ('operator', 'worker', 'auditor', 'admin')
 
 BULK_ACTIONS = ('retry', 'cancel', 'pause', 'resume')
 
+SCHEDULE_STATES = ('active', 'paused', 'ended')
+
+OVERLAP_POLICIES = ('allow', 'skip', 'buffer_one', 'cancel_previous')
+
+SCHEDULE_FIRE_OUTCOMES = ('started', 'skipped_overlap', 'buffered', 'missed', 'cancelled_previous', 'failed')
+
 EFFECT_TRANSITIONS = {'planned': ('prepared', 'abandoned'),
  'prepared': ('dispatched', 'abandoned'),
  'dispatched': ('committed', 'unknown'),

@@ -10,7 +10,8 @@ Threads: the claim loop (the caller's), a pool of ``concurrency`` instance worke
 pool for handler calls (so a step can time out), a heartbeat thread extending the
 leases of in-flight instances, a listener that wakes the claim loop on
 NOTIFY orch8_work (polling every ``poll_interval`` stays as the fallback), the webhook
-deliverer, and the verifier loop (orch8_py.verifier) settling unknown receipts.
+deliverer, the verifier loop (orch8_py.verifier) settling unknown receipts, and the
+schedule loop (orch8_py.schedules) firing due cron schedules.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class Settings:
     grace: float = 30.0
     webhooks: bool = True  # also deliver the webhook outbox from this process
     verifiers: bool = True  # also run the verifiers of unknown receipts from this process
+    schedules: bool = True  # also fire due cron schedules from this process
     verify_interval: float = 0.5  # seconds between looks for due verifications when idle
     worker_id: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -292,6 +294,13 @@ class Runner:
                 threading.Thread(
                     target=self.verifier.run, args=(stop,), name="verifier", daemon=True
                 )
+            )
+        if s.schedules:
+            from .schedules import ScheduleFirer
+
+            firer = ScheduleFirer(self.pool, f"{s.worker_id}:schedules", interval=s.poll_interval)
+            helpers.append(
+                threading.Thread(target=firer.run, args=(stop,), name="schedules", daemon=True)
             )
         for t in helpers:
             t.start()

@@ -309,7 +309,8 @@ SELECT is(tap.state('f1'), 'scheduled', 'and it was not cancelled');
 SELECT is(
     (SELECT row(a.applied, a.reason)::text FROM orch8.bulk_apply_one(
         'bk', 'pause', orch8.bulk_filter('{"error_contains": "timeout"}'), tap.id('f2'), 'op',
-        NULL) AS a),
+        NULL
+    ) AS a),
     '(f,"no longer matches the filter")',
     'an instance whose error is gone no longer matches error_contains (never NULL: unknown)'
 );

@@ -126,3 +126,8 @@ SequenceCursor = Annotated[
 DeliveryCursor = Annotated[
     tuple[int], _validator(cursor_int), _schema("orch8-delivery-cursor", "(id)")
 ]
+ScheduleCursor = Annotated[
+    tuple[str, uuid.UUID],
+    _validator(cursor_text, cursor_uuid),
+    _schema("orch8-schedule-cursor", "(name, id)"),
+]

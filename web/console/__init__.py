@@ -23,6 +23,7 @@ from . import (  # noqa: F401
     instances,
     login,
     pages,
+    schedules,
     sequences,
     session,
     tenants,
