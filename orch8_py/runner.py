@@ -295,10 +295,24 @@ class Runner:
                     target=self.verifier.run, args=(stop,), name="verifier", daemon=True
                 )
             )
+        schedule_pool: ConnectionPool[Conn] | None = None
         if s.schedules:
             from .schedules import ScheduleFirer
 
-            firer = ScheduleFirer(self.pool, f"{s.worker_id}:schedules", interval=s.poll_interval)
+            # Its own connection, so a tick never waits for (or holds) one the steps need;
+            # cron's resolution is a minute, so a tick a second is on time.
+            schedule_pool = ConnectionPool(
+                self.url,
+                min_size=1,
+                max_size=1,
+                open=True,
+                kwargs={"autocommit": True, "connect_timeout": 5},
+                timeout=10,
+                name="orch8-schedules",
+            )
+            firer = ScheduleFirer(
+                schedule_pool, f"{s.worker_id}:schedules", interval=max(s.poll_interval, 1.0)
+            )
             helpers.append(
                 threading.Thread(target=firer.run, args=(stop,), name="schedules", daemon=True)
             )
@@ -348,6 +362,8 @@ class Runner:
             t.join(timeout=5)
         if deliverer is not None:
             deliverer.close()
+        if schedule_pool is not None:
+            schedule_pool.close()
         self.handler_pool.shutdown(wait=False, cancel_futures=True)
         self.pool.close()
         log.info("event=runner.stop ticks=%d steps=%d", self.ticks, self.steps_run)
