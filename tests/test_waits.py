@@ -141,6 +141,67 @@ def test_a_step_delay_waits_before_the_first_attempt_only(conn, db_url):
     assert output(conn, i, "later") == {"result": 2}
 
 
+BERLIN_OFFICE = {
+    "timezone": "Europe/Berlin",
+    "days": ["mon", "tue", "wed", "thu", "fri"],
+    "start": "09:00",
+    "end": "17:00",
+}
+MONDAY_9_BERLIN = dt.datetime(2031, 3, 3, 8, 0, tzinfo=dt.UTC)  # 09:00 CET
+
+
+@proves(
+    ("step", "send_window"),
+    ("send_window", "timezone"),
+    ("send_window", "days"),
+    ("send_window", "start"),
+    ("send_window", "end"),
+)
+def test_a_step_outside_its_send_window_waits_for_the_next_opening(conn, db_url):
+    clock(conn, T0)  # a Saturday, 13:00 in Berlin
+    seq = make_sequence(
+        conn,
+        [
+            {
+                "type": "step",
+                "id": "mail",
+                "handler": "transform",
+                "params": {"value": 3},
+                "send_window": BERLIN_OFFICE,
+            }
+        ],
+    )
+    i = start(conn, seq)
+    state, next_fire_at, _ = instance(conn, i)
+    assert (state, next_fire_at) == ("scheduled", MONDAY_9_BERLIN)
+    with running(at(db_url, MONDAY_9_BERLIN - dt.timedelta(seconds=1))) as r:
+        time.sleep(0.5)
+        assert r.steps_run == 0
+    assert instance(conn, i)[0] == "scheduled"
+    with running(at(db_url, MONDAY_9_BERLIN)):
+        wait_for(conn, [i])
+    assert output(conn, i, "mail") == {"result": 3}
+
+
+def test_a_step_inside_its_send_window_is_due_at_once(conn):
+    clock(conn, MONDAY_9_BERLIN + dt.timedelta(hours=2))
+    seq = make_sequence(
+        conn,
+        [{"type": "step", "id": "mail", "handler": "noop", "send_window": BERLIN_OFFICE}],
+    )
+    i = start(conn, seq)
+    assert instance(conn, i)[:2] == ("scheduled", MONDAY_9_BERLIN + dt.timedelta(hours=2))
+
+
+def test_a_malformed_send_window_is_refused_with_its_paths(conn):
+    window = {"timezone": "Europe/Atlantis", "days": ["mon", "someday"], "start": "9", "end": "8"}
+    with pytest.raises(psycopg.Error) as info:
+        make_sequence(conn, [{"type": "step", "id": "s", "handler": "noop", "send_window": window}])
+    text = str(info.value)
+    for field in ("timezone", "days", "start", "end"):
+        assert f"$.blocks[0].send_window.{field}" in text, text
+
+
 def test_the_sleep_handler_is_refused_for_the_sleep_block(conn):
     with pytest.raises(psycopg.Error) as info:
         make_sequence(

@@ -539,7 +539,12 @@ BEGIN
                     PERFORM orch8.end_node(v_inst, p_block_id, 'cancelled', NULL, NULL, NULL);
                 ELSE
                     UPDATE orch8.execution_nodes AS n
-                    SET state = 'ready', next_fire_at = orch8.now() + v_retry_in,
+                    SET state = 'ready',
+                        -- a retry waits for its backoff, then for the step's send_window
+                        next_fire_at = orch8.window_open_at(
+                            orch8.instance_step(p_tenant_id, p_instance_id, p_block_id)
+                            -> 'send_window',
+                            orch8.now() + v_retry_in),
                         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
                         updated_at = orch8.now()
                     WHERE n.tenant_id = p_tenant_id AND n.instance_id = p_instance_id
@@ -567,7 +572,8 @@ COMMENT ON FUNCTION orch8.finish_step(
 'unknown receipts under the same key settled: settle_same_key_receipts) and the node '
 'completes, which moves the tree on (end_node); skipped (its when was false; no effect) '
 '-> __skipped__ with p_output and the node is skipped; error with p_retry_in -> '
-'__retry__ and the node ready again p_retry_in from now; error without -> __error__ '
+'__retry__ and the node ready again p_retry_in from now (or at the next opening of its '
+'send_window: window_open_at); error without -> __error__ '
 '(with p_error_code) and the node fails, unwinding to the nearest handler. An ambiguous '
 'outcome (error with an effect) is retried only when step_ambiguity_mode is not settle '
 '(p_retry_in is ignored otherwise); not retried, it goes to await_settlement (the node '

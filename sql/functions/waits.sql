@@ -72,6 +72,134 @@ COMMENT ON FUNCTION orch8.after_ms(bigint) IS
 'orch8.now() plus p_ms milliseconds (NULL for NULL): when a sleep, a delay or a timeout '
 'that starts now ends.';
 
+-- A step's send window -----------------------------------------------------------------------
+-- {"timezone": "Europe/Berlin", "days": ["mon", ...], "start": "09:00", "end": "17:00"}: the
+-- step becomes due only between start (included) and end (excluded), local wall time in
+-- the zone, on the days listed (all when omitted). Outside, it waits for the next opening.
+
+CREATE OR REPLACE FUNCTION orch8.window_days()
+RETURNS text[]
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+    SELECT ARRAY['mon', 'tue', 'wed', 'thu', 'fri', 'sat', 'sun']
+$$;
+
+COMMENT ON FUNCTION orch8.window_days() IS
+'The day names of a send window, in ISO order (Monday is 1, as extract(isodow)).';
+
+CREATE OR REPLACE FUNCTION orch8.send_window_problems(p_window jsonb, p_path text)
+RETURNS TABLE (path text, message text)
+LANGUAGE plpgsql
+STABLE
+PARALLEL SAFE
+AS $$
+DECLARE
+    v_time text := '^([01][0-9]|2[0-3]):[0-5][0-9]$';
+    v_start_ok boolean;
+    v_end_ok boolean;
+BEGIN
+    IF jsonb_typeof(p_window) IS DISTINCT FROM 'object' THEN
+        RETURN QUERY SELECT p_path,
+            'send_window must be an object {timezone, days, start, end}';
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM orch8.sequence_field_problems('send_window', p_window, p_path);
+    IF NOT p_window ? 'timezone' THEN
+        RETURN QUERY SELECT p_path || '.timezone',
+            'timezone is required (a time zone name such as Europe/Berlin)';
+    ELSIF jsonb_typeof(p_window -> 'timezone') <> 'string'
+          OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_names AS z
+                         WHERE z.name = p_window ->> 'timezone') THEN
+        RETURN QUERY SELECT p_path || '.timezone',
+            'timezone must be a time zone name (pg_timezone_names), such as Europe/Berlin';
+    END IF;
+    IF p_window ? 'days' AND (
+        jsonb_typeof(p_window -> 'days') <> 'array'
+        OR jsonb_array_length(p_window -> 'days') = 0
+        OR EXISTS (SELECT 1 FROM jsonb_array_elements(p_window -> 'days') AS d
+                   WHERE jsonb_typeof(d.value) <> 'string'
+                      OR NOT d.value #>> '{}' = ANY (orch8.window_days()))
+        OR (SELECT count(DISTINCT d.value) FROM jsonb_array_elements(p_window -> 'days') AS d)
+           <> jsonb_array_length(p_window -> 'days')
+    ) THEN
+        RETURN QUERY SELECT p_path || '.days',
+            'days must be a non-empty array of distinct days: mon, tue, wed, thu, fri, sat, sun';
+    END IF;
+    v_start_ok := jsonb_typeof(p_window -> 'start') = 'string'
+                  AND p_window ->> 'start' ~ v_time;
+    v_end_ok := jsonb_typeof(p_window -> 'end') = 'string'
+                AND (p_window ->> 'end' ~ v_time OR p_window ->> 'end' = '24:00');
+    IF NOT coalesce(v_start_ok, false) THEN
+        RETURN QUERY SELECT p_path || '.start', 'start must be a time HH:MM, 00:00 to 23:59';
+    END IF;
+    IF NOT coalesce(v_end_ok, false) THEN
+        RETURN QUERY SELECT p_path || '.end', 'end must be a time HH:MM, 00:01 to 24:00';
+    ELSIF coalesce(v_start_ok, false)
+          AND (p_window ->> 'start')::time >= (p_window ->> 'end')::time THEN
+        RETURN QUERY SELECT p_path || '.end',
+            'end must be after start (a window across midnight is not supported)';
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.send_window_problems(jsonb, text) IS
+'The validator''s problems of a step''s send_window at p_path, one per field: an object of '
+'the language scope send_window; timezone required, a name of pg_timezone_names; days '
+'(optional) a non-empty array of distinct window_days(); start HH:MM 00:00-23:59 and end '
+'HH:MM up to 24:00, both required, start before end (across midnight is not supported).';
+
+CREATE OR REPLACE FUNCTION orch8.window_open_at(p_window jsonb, p_at timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql
+STABLE
+PARALLEL SAFE
+AS $$
+DECLARE
+    v_zone text := p_window ->> 'timezone';
+    v_days jsonb := p_window -> 'days';
+    v_local timestamp;
+    v_day date;
+    v_open timestamptz;
+    v_close timestamptz;
+BEGIN
+    -- no window, or one the validator would refuse (stored before it was checked): p_at
+    IF p_at IS NULL OR jsonb_typeof(p_window) IS DISTINCT FROM 'object' OR v_zone IS NULL
+       OR coalesce(p_window ->> 'start', '') !~ '^([01][0-9]|2[0-3]):[0-5][0-9]$'
+       OR coalesce(p_window ->> 'end', '') !~ '^(([01][0-9]|2[0-3]):[0-5][0-9]|24:00)$'
+       OR (p_window ->> 'start')::time >= (p_window ->> 'end')::time THEN
+        RETURN p_at;
+    END IF;
+    BEGIN
+        v_local := p_at AT TIME ZONE v_zone;
+    EXCEPTION WHEN invalid_parameter_value THEN  -- an unknown zone
+        RETURN p_at;
+    END;
+    -- today's window if p_at is before its end, else the next day of the window's
+    FOR v_i IN 0 .. 7 LOOP
+        v_day := v_local::date + v_i;
+        CONTINUE WHEN jsonb_typeof(v_days) = 'array'
+            AND NOT v_days ? (orch8.window_days())[extract(isodow FROM v_day)::integer];
+        v_open := orch8.wall_instant(v_day + (p_window ->> 'start')::time, v_zone);
+        v_close := orch8.wall_instant(v_day + (p_window ->> 'end')::time, v_zone);
+        -- (a window inside a spring-forward gap is empty that day)
+        IF p_at < v_close AND v_open < v_close THEN
+            RETURN greatest(p_at, v_open);
+        END IF;
+    END LOOP;
+    RETURN p_at;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.window_open_at(jsonb, timestamptz) IS
+'When a step with the send_window p_window that is due at p_at may start: p_at when it is '
+'inside the window (start included, end excluded, wall time in the window''s zone, on its '
+'days), else the next opening (wall_instant, as the schedules: DST-correct; a start in '
+'a spring-forward gap opens at the end of the gap, one that occurs twice at its first). '
+'p_at itself for no window, or one the validator would refuse. STABLE: it reads the '
+'time zone data. start_block (after the delay) and finish_step (a retry) apply it.';
+
 -- Starting a wait ------------------------------------------------------------------------
 
 CREATE OR REPLACE FUNCTION orch8.start_wait(
