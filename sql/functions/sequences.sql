@@ -248,8 +248,10 @@ AS $$
     ('step', 'wait_for_input', false,
      'not a step field here: a person''s answer is the wait_for_input block'),
     ('step', 'queue_name', false, 'not supported yet'),
-    ('step', 'deadline', false, 'not supported yet'),
-    ('step', 'on_deadline_breach', false, 'not supported yet'),
+    ('step', 'deadline', true,
+     'a duration from when the step starts (delay included): not completed by then, it '
+     'fails with code deadline'),
+    ('step', 'on_deadline_breach', true, 'what a missed deadline does: fail (the only one)'),
     ('step', 'fallback_handler', false, 'not supported yet'),
     ('step', 'cache_key', false, 'not supported yet'),
     ('step', 'output_schema', true,
@@ -771,6 +773,19 @@ BEGIN
         RETURN QUERY SELECT p_path || '.delay', m
         FROM orch8.duration_problem(p_step -> 'delay', 'delay') AS m WHERE m IS NOT NULL;
     END IF;
+    IF p_step ? 'deadline' THEN
+        RETURN QUERY SELECT p_path || '.deadline', m
+        FROM orch8.duration_problem(p_step -> 'deadline', 'deadline') AS m WHERE m IS NOT NULL;
+    END IF;
+    IF p_step ? 'on_deadline_breach' THEN
+        IF (p_step -> 'on_deadline_breach') IS DISTINCT FROM '"fail"' THEN
+            RETURN QUERY SELECT p_path || '.on_deadline_breach',
+                'on_deadline_breach must be fail (the only one this engine runs)';
+        ELSIF NOT p_step ? 'deadline' THEN
+            RETURN QUERY SELECT p_path || '.on_deadline_breach',
+                'on_deadline_breach needs a deadline';
+        END IF;
+    END IF;
     IF p_step ? 'send_window' THEN
         RETURN QUERY SELECT * FROM orch8.send_window_problems(
             p_step -> 'send_window', p_path || '.send_window');
@@ -806,7 +821,8 @@ COMMENT ON FUNCTION orch8.sequence_step_problems(jsonb, text, text[], text) IS
 'Problems of a step block beyond id and type: the handler call (sequence_call_problems, '
 'templates over p_roots), provider_idempotency (a boolean, for a side-effecting '
 'handler), verify (sequence_verify_problems), when (a non-empty string), delay (a '
-'duration), send_window (send_window_problems), the sleep handler (refused: the sleep '
+'duration), deadline (a duration) and on_deadline_breach (fail, with a deadline), '
+'send_window (send_window_problems), the sleep handler (refused: the sleep '
 'block holds no runner), output_schema (an object), compensation (only directly inside '
 'a saga: p_parent_type; a handler call of its own), and fields the language does not '
 'accept in a step.';

@@ -181,6 +181,14 @@ BEGIN
                                        'requested while running')::text,
                    NULL)::orch8.effect_outcome;
     END IF;
+    IF orch8.deadline_passed(v_node) THEN
+        -- claimed in time but begun too late: it fails before any receipt
+        PERFORM orch8.fail_deadline(v_inst, v_node, p_attempt, NULL, p_lease_token);
+        RETURN ROW('stopped', NULL, NULL, NULL, p_block_id, p_attempt, NULL, NULL,
+                   orch8.sync_instance(p_tenant_id, p_instance_id, 'runner',
+                                       'deadline passed')::text,
+                   NULL)::orch8.effect_outcome;
+    END IF;
     IF orch8.step_idempotency_key_problem(p_params) IS NOT NULL THEN
         -- refused before any receipt (begin_effect would raise, and lose this record)
         PERFORM orch8.fail_step(p_tenant_id, p_instance_id, p_lease_token, p_block_id,
@@ -493,7 +501,14 @@ BEGIN
             IF p_effect_id IS NOT NULL AND p_attempt > 0 THEN  -- attempt 0 has no earlier one
                 PERFORM orch8.settle_same_key_receipts(p_tenant_id, p_effect_id, 'engine');
             END IF;
-            PERFORM orch8.end_node(v_inst, p_block_id, 'completed', NULL, NULL, NULL);
+            IF orch8.deadline_passed(v_node) THEN
+                -- too late: the outcome is recorded (and its receipt committed), the node
+                -- fails
+                v_reason := orch8.fail_deadline(v_inst, v_node, p_attempt, p_effect_id,
+                                                p_lease_token);
+            ELSE
+                PERFORM orch8.end_node(v_inst, p_block_id, 'completed', NULL, NULL, NULL);
+            END IF;
         ELSIF p_result = 'skipped' THEN
             PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_block_id,
                 p_attempt, '__skipped__', p_output, NULL, NULL, p_lease_token);
@@ -537,6 +552,9 @@ BEGIN
                     true, p_effect_id, p_lease_token);
                 IF v_node.cancel_requested THEN
                     PERFORM orch8.end_node(v_inst, p_block_id, 'cancelled', NULL, NULL, NULL);
+                ELSIF orch8.deadline_passed(v_node) THEN
+                    v_reason := orch8.fail_deadline(v_inst, v_node, p_attempt, p_effect_id,
+                                                    p_lease_token);
                 ELSE
                     UPDATE orch8.execution_nodes AS n
                     SET state = 'ready',

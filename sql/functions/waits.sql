@@ -200,6 +200,92 @@ COMMENT ON FUNCTION orch8.window_open_at(jsonb, timestamptz) IS
 'p_at itself for no window, or one the validator would refuse. STABLE: it reads the '
 'time zone data. start_block (after the delay) and finish_step (a retry) apply it.';
 
+-- A step's deadline ---------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION orch8.deadline_passed(p_node orch8.execution_nodes)
+RETURNS boolean
+LANGUAGE sql
+STABLE
+AS $$
+    SELECT coalesce(p_node.deadline_at <= orch8.now(), false)
+$$;
+
+COMMENT ON FUNCTION orch8.deadline_passed(orch8.execution_nodes) IS
+'Whether the node''s deadline (deadline_at) has passed by orch8.now(); false without one.';
+
+CREATE OR REPLACE FUNCTION orch8.fail_deadline(
+    p_inst orch8.task_instances, p_node orch8.execution_nodes, p_attempt integer,
+    p_effect_id uuid, p_lease_token uuid
+)
+RETURNS text
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_error text := format('step %s missed its deadline of %s', p_node.block_id,
+        orch8.instance_step(p_inst.tenant_id, p_inst.id, p_node.path) ->> 'deadline');
+BEGIN
+    PERFORM orch8.record_block_output(p_inst.tenant_id, p_inst.id, p_node.path, p_attempt,
+        '__error__', jsonb_build_object('error', v_error, 'code', 'deadline'), false,
+        p_effect_id, p_lease_token);
+    PERFORM orch8.end_node(p_inst, p_node.path, 'failed', NULL, v_error, NULL);
+    RETURN v_error;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.fail_deadline(
+    orch8.task_instances, orch8.execution_nodes, integer, uuid, uuid
+) IS
+'Fail a step node whose deadline passed: an __error__ row with code deadline (so a catch '
+'sees error.code), and the node fails, unwinding to the nearest handler (end_node). '
+'Returns the error. Internal helper of fire_deadlines, begin_step and finish_step.';
+
+CREATE OR REPLACE FUNCTION orch8.fire_deadlines(p_limit integer DEFAULT 100)
+RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_row record;
+    v_inst orch8.task_instances;
+    v_node orch8.execution_nodes;
+    v_count integer := 0;
+BEGIN
+    -- Ready nodes only, with no lease: a leased one fails when its runner reports
+    -- (begin_step, finish_step); one waiting for its receipt to settle is decided by the
+    -- settlement, and fails here if that makes it ready again.
+    FOR v_row IN
+        SELECT n.tenant_id, n.instance_id, n.path
+        FROM orch8.execution_nodes AS n
+        JOIN orch8.task_instances AS t ON t.tenant_id = n.tenant_id AND t.id = n.instance_id
+        WHERE n.state = 'ready' AND n.deadline_at <= orch8.now() AND n.lease_token IS NULL
+        ORDER BY n.deadline_at
+        LIMIT greatest(p_limit, 0)
+        FOR UPDATE OF t, n SKIP LOCKED
+    LOOP
+        SELECT * INTO v_inst FROM orch8.task_instances AS t
+        WHERE t.tenant_id = v_row.tenant_id AND t.id = v_row.instance_id;
+        SELECT * INTO v_node FROM orch8.execution_nodes AS n
+        WHERE n.tenant_id = v_row.tenant_id AND n.instance_id = v_row.instance_id
+          AND n.path = v_row.path;
+        -- a node fails from running (node_can_transition): it is taken for this moment
+        UPDATE orch8.execution_nodes AS n SET state = 'running', updated_at = orch8.now()
+        WHERE n.tenant_id = v_row.tenant_id AND n.instance_id = v_row.instance_id
+          AND n.path = v_row.path;
+        PERFORM orch8.fail_deadline(v_inst, v_node,
+            orch8.compute_attempt(v_row.tenant_id, v_row.instance_id, v_row.path), NULL, NULL);
+        PERFORM orch8.sync_instance(v_row.tenant_id, v_row.instance_id, 'timer',
+            format('step %s: deadline passed', v_node.path));
+        v_count := v_count + 1;
+    END LOOP;
+    RETURN v_count;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.fire_deadlines(integer) IS
+'Bounded sweep: up to p_limit ready step nodes without a lease whose deadline_at has '
+'passed fail with code deadline (fail_deadline; FOR UPDATE SKIP LOCKED, with their '
+'instances), audited as the timer''s. Returns how many. claim_due_nodes runs it before '
+'it claims.';
+
 -- Starting a wait ------------------------------------------------------------------------
 
 CREATE OR REPLACE FUNCTION orch8.start_wait(
