@@ -53,7 +53,7 @@ INSERT INTO defs VALUES
           "params": {"url": "https://api.example/{{ nope.x }}",
                      "headers": {"x-id": "{{ data.x"}},
           "retry": {"max_attempts": 0}},
-         {"id": "fetch", "type": "step", "handler": "log", "send_window": 5},
+         {"id": "fetch", "type": "step", "handler": "log", "rate_limit_key": 5},
          {"id": "jump", "type": "teleport"},
          {"id": "fan", "type": "parallel", "branches": []},
          {"id": "notify", "type": "step", "params": {}}],
@@ -94,7 +94,10 @@ SELECT bag_eq(
              ('wait_for_input', 'type'), ('wait_for_input', 'id'), ('wait_for_input', 'prompt'),
              ('wait_for_input', 'choices'), ('wait_for_input', 'timeout'),
              ('wait_for_input', 'on_timeout'),
-             ('step', 'delay'),
+             ('step', 'delay'), ('step', 'send_window'), ('step', 'deadline'),
+             ('step', 'on_deadline_breach'),
+             ('send_window', 'timezone'), ('send_window', 'days'), ('send_window', 'start'),
+             ('send_window', 'end'),
              ('step', 'type'), ('step', 'id'), ('step', 'handler'), ('step', 'params'),
              ('step', 'timeout'), ('step', 'retry'), ('step', 'provider_idempotency'),
              ('step', 'verify'), ('step', 'output_schema'), ('step', 'when'),
@@ -140,10 +143,10 @@ SELECT is_empty(
 
 SELECT results_eq(
     $$SELECT f.path, f.message FROM orch8.sequence_field_problems(
-        'step', '{"when": "x", "type": "step", "colour": "red", "send_window": 5}',
+        'step', '{"when": "x", "type": "step", "colour": "red", "rate_limit_key": 5}',
         '$.blocks[0]') AS f$$,
     $$VALUES ('$.blocks[0].colour', 'unknown field'),
-             ('$.blocks[0].send_window', 'send_window is not supported yet')$$,
+             ('$.blocks[0].rate_limit_key', 'rate_limit_key is not supported yet')$$,
     'sequence_field_problems: known but not run is "not supported yet", others unknown, by key'
 );
 
@@ -436,7 +439,7 @@ SELECT results_eq(
         ('$.blocks[0].params.url'),
         ('$.blocks[0].params.headers["x-id"]'),
         ('$.blocks[0].retry.max_attempts'),
-        ('$.blocks[1].send_window'),
+        ('$.blocks[1].rate_limit_key'),
         ('$.blocks[2].type'),
         ('$.blocks[3].branches'),
         ('$.blocks[4].handler'),
@@ -456,7 +459,7 @@ SELECT is(
             ('$.blocks[0].params.url', 'template "{{ nope.x }}" has an unknown root "nope"%'),
             ('$.blocks[0].params.headers["x-id"]', 'unclosed template%'),
             ('$.blocks[0].retry.max_attempts', 'max_attempts must be an integer from 1 to 100'),
-            ('$.blocks[1].send_window', 'send_window is not supported yet'),
+            ('$.blocks[1].rate_limit_key', 'rate_limit_key is not supported yet'),
             ('$.blocks[2].type', 'unknown block type "teleport"%'),
             ('$.blocks[3].branches', 'branches is required: an array of 1 to 256 branches%'),
             ('$.blocks[4].handler', 'handler is required%'),

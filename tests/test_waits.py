@@ -27,7 +27,7 @@ from psycopg.types.json import Jsonb
 from orch8_py import apikeys, sqlapi
 from orch8_py.errors import InvalidInput, InvalidTransition, NotFound
 from orch8_py.handlers import handler
-from orch8_py.steps import StepContext
+from orch8_py.steps import NotApplied, StepContext
 from tests.cli_helpers import orch8_env, run_orch8
 from tests.language_proofs import proves
 from tests.runner_helpers import TENANT, make_sequence, running, start, wait_for
@@ -139,6 +139,120 @@ def test_a_step_delay_waits_before_the_first_attempt_only(conn, db_url):
     with running(at(db_url, T0 + dt.timedelta(minutes=10))):
         wait_for(conn, [i])
     assert output(conn, i, "later") == {"result": 2}
+
+
+BERLIN_OFFICE = {
+    "timezone": "Europe/Berlin",
+    "days": ["mon", "tue", "wed", "thu", "fri"],
+    "start": "09:00",
+    "end": "17:00",
+}
+MONDAY_9_BERLIN = dt.datetime(2031, 3, 3, 8, 0, tzinfo=dt.UTC)  # 09:00 CET
+
+
+@proves(
+    ("step", "send_window"),
+    ("send_window", "timezone"),
+    ("send_window", "days"),
+    ("send_window", "start"),
+    ("send_window", "end"),
+)
+def test_a_step_outside_its_send_window_waits_for_the_next_opening(conn, db_url):
+    clock(conn, T0)  # a Saturday, 13:00 in Berlin
+    seq = make_sequence(
+        conn,
+        [
+            {
+                "type": "step",
+                "id": "mail",
+                "handler": "transform",
+                "params": {"value": 3},
+                "send_window": BERLIN_OFFICE,
+            }
+        ],
+    )
+    i = start(conn, seq)
+    state, next_fire_at, _ = instance(conn, i)
+    assert (state, next_fire_at) == ("scheduled", MONDAY_9_BERLIN)
+    with running(at(db_url, MONDAY_9_BERLIN - dt.timedelta(seconds=1))) as r:
+        time.sleep(0.5)
+        assert r.steps_run == 0
+    assert instance(conn, i)[0] == "scheduled"
+    with running(at(db_url, MONDAY_9_BERLIN)):
+        wait_for(conn, [i])
+    assert output(conn, i, "mail") == {"result": 3}
+
+
+def test_a_step_inside_its_send_window_is_due_at_once(conn):
+    clock(conn, MONDAY_9_BERLIN + dt.timedelta(hours=2))
+    seq = make_sequence(
+        conn,
+        [{"type": "step", "id": "mail", "handler": "noop", "send_window": BERLIN_OFFICE}],
+    )
+    i = start(conn, seq)
+    assert instance(conn, i)[:2] == ("scheduled", MONDAY_9_BERLIN + dt.timedelta(hours=2))
+
+
+def test_a_malformed_send_window_is_refused_with_its_paths(conn):
+    window = {"timezone": "Europe/Atlantis", "days": ["mon", "someday"], "start": "9", "end": "8"}
+    with pytest.raises(psycopg.Error) as info:
+        make_sequence(conn, [{"type": "step", "id": "s", "handler": "noop", "send_window": window}])
+    text = str(info.value)
+    for field in ("timezone", "days", "start", "end"):
+        assert f"$.blocks[0].send_window.{field}" in text, text
+
+
+@handler("waits.busy")
+def busy(params: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+    CHAIN.append(ctx.block_id)
+    raise NotApplied("the provider is busy: nothing was sent")
+
+
+@proves(("step", "deadline"), ("step", "on_deadline_breach"))
+def test_a_step_not_completed_by_its_deadline_fails_with_code_deadline(conn, db_url):
+    clock(conn, T0)
+    CHAIN.clear()
+    seq = make_sequence(
+        conn,
+        [
+            {
+                "type": "step",
+                "id": "call",
+                "handler": "waits.busy",
+                "retry": {
+                    "max_attempts": 5,
+                    "initial_backoff": 7_200_000,
+                    "max_backoff": 7_200_000,
+                },
+                "deadline": "30m",
+                "on_deadline_breach": "fail",
+            }
+        ],
+    )
+    i = start(conn, seq)
+    with running(at(db_url, T0)):
+        give_up = time.monotonic() + 30
+        while not CHAIN or instance(conn, i)[1] <= T0:
+            assert time.monotonic() < give_up, instance(conn, i)
+            time.sleep(0.05)
+    state, retry_at, _ = instance(conn, i)
+    assert state == "scheduled" and retry_at > T0 + dt.timedelta(minutes=30), retry_at
+    assert CHAIN == ["call"]  # one attempt; the retry is at least an hour away
+    with running(at(db_url, T0 + dt.timedelta(minutes=29))) as r:
+        time.sleep(0.5)
+        assert r.steps_run == 0
+    assert instance(conn, i)[0] == "scheduled"
+    with running(at(db_url, T0 + dt.timedelta(minutes=30))):
+        wait_for(conn, [i])
+    state, _, error = instance(conn, i)
+    assert state == "failed" and "missed its deadline of 30m" in (error or ""), error
+    code = conn.execute(
+        "SELECT output ->> 'code' FROM orch8.block_outputs WHERE instance_id = %s"
+        " AND sentinel = '__error__'",
+        (i,),
+    ).fetchone()[0]
+    assert code == "deadline"
+    assert CHAIN == ["call"]  # the retry never ran
 
 
 def test_the_sleep_handler_is_refused_for_the_sleep_block(conn):

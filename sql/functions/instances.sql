@@ -237,6 +237,7 @@ BEGIN
     PERFORM orch8.reclaim_expired_leases(p_batch);
     -- timers first, so what they ready is claimed in this very call
     PERFORM orch8.fire_timers(4 * p_batch);
+    PERFORM orch8.fire_deadlines(4 * p_batch);  -- before the claim: a step past it fails
     -- The instance's row is locked with the node's, and both are skipped when busy: every
     -- other move of a tree locks the instance first (one lock order), and a busy instance
     -- is some other runner's moment.
@@ -278,7 +279,8 @@ $$;
 
 COMMENT ON FUNCTION orch8.claim_due_nodes(text, integer, interval) IS
 'One round trip for a batch: reclaim up to p_batch expired node leases, fire up to '
-'4 * p_batch due timers (fire_timers: sleeps end, waits time out), then claim up to '
+'4 * p_batch due timers (fire_timers: sleeps end, waits time out) and as many passed '
+'step deadlines (fire_deadlines), then claim up to '
 'p_batch due ready nodes of instances that are not paused (priority, then next_fire_at; '
 'FOR UPDATE SKIP LOCKED, the node''s instance locked with it), each with a fresh lease '
 'token and expiry now + p_lease; their instances become running. Every later write for '

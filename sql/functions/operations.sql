@@ -263,6 +263,9 @@ BEGIN
     UPDATE orch8.execution_nodes AS n
     SET state = 'ready', next_fire_at = orch8.now(), error = NULL, ended_at = NULL,
         child_instance_id = NULL, lease_owner = NULL, lease_token = NULL,
+        -- run again by decision (a retry, a settlement): the step's deadline was the
+        -- first run's
+        deadline_at = NULL,
         lease_expires_at = NULL, updated_at = orch8.now()
     WHERE n.tenant_id = v_tenant AND n.instance_id = v_instance AND n.path = v_path;
     UPDATE orch8.task_instances AS t SET current_block = v_path
@@ -284,7 +287,8 @@ COMMENT ON FUNCTION orch8.continue_settled_step(
 '(when no other block reads it: blocks_reading_output) a marker {settled, settled_by, '
 'effect_id, effect_state, provider_receipt_id}, and the tree moves on. Without an output '
 'that other blocks read: outcome needs_output, nothing written. abandoned, compensated '
-'or no receipt: the node is ready again for a new attempt (outcome rerun). A failed '
+'or no receipt: the node is ready again for a new attempt (outcome rerun), without the '
+'step''s deadline (it was the first run''s). A failed '
 'node''s failure is undone up the tree first (reopen_failure). The audit row''s reason '
 'starts with p_why (retry, verifier).';
 

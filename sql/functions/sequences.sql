@@ -240,20 +240,32 @@ AS $$
     ('step', 'delay', true,
      'a duration to wait before the first attempt (ms, or 30s, 15m, 2h, 3d)'),
     ('step', 'rate_limit_key', false, 'not supported yet'),
-    ('step', 'send_window', false, 'not supported yet'),
+    ('step', 'send_window', true,
+     'days and hours in a time zone when the step may start; outside them it waits for '
+     'the next opening (the first attempt and each retry)'),
     ('step', 'context_access', false, 'not supported yet'),
     ('step', 'cancellable', false, 'not supported yet'),
     ('step', 'wait_for_input', false,
      'not a step field here: a person''s answer is the wait_for_input block'),
     ('step', 'queue_name', false, 'not supported yet'),
-    ('step', 'deadline', false, 'not supported yet'),
-    ('step', 'on_deadline_breach', false, 'not supported yet'),
+    ('step', 'deadline', true,
+     'a duration from when the step starts (delay included): not completed by then, it '
+     'fails with code deadline'),
+    ('step', 'on_deadline_breach', true, 'what a missed deadline does: fail (the only one)'),
     ('step', 'fallback_handler', false, 'not supported yet'),
     ('step', 'cache_key', false, 'not supported yet'),
     ('step', 'output_schema', true,
      'a JSON Schema the handler''s output must match (else a failure no retry repairs)'),
     ('step', 'when', true, 'an expression: when false, the step is skipped'),
     ('step', 'compensation', true, 'in a saga: the handler call that undoes this step'),
+    -- a step's send window
+    ('send_window', 'timezone', true,
+     'the time zone of days, start and end (pg_timezone_names)'),
+    ('send_window', 'days', true,
+     'the days it is open: mon tue wed thu fri sat sun (all when omitted)'),
+    ('send_window', 'start', true, 'the local time it opens, HH:MM'),
+    ('send_window', 'end', true,
+     'the local time it closes, HH:MM up to 24:00, after start (not across midnight)'),
     -- a step's retry policy
     ('retry', 'max_attempts', true, 'attempts in all, the first included'),
     ('retry', 'initial_backoff', true, 'milliseconds before the second attempt'),
@@ -368,7 +380,7 @@ $$;
 
 COMMENT ON FUNCTION orch8.sequence_language() IS
 'Every field of the sequence language, by scope (definition, block_type, step, retry, '
-'verify, verify_http, invariant, invariant_type, and each composite block type: '
+'verify, verify_http, send_window, invariant, invariant_type, and each composite block type: '
 'parallel, race, loop, for_each, router, route, try_catch, saga, sub_sequence, '
 'compensation, sleep, wait_for_signal, wait_for_input), and whether this engine runs it. '
 'validate_sequence accepts exactly the supported ones and refuses the others with their '
@@ -761,6 +773,23 @@ BEGIN
         RETURN QUERY SELECT p_path || '.delay', m
         FROM orch8.duration_problem(p_step -> 'delay', 'delay') AS m WHERE m IS NOT NULL;
     END IF;
+    IF p_step ? 'deadline' THEN
+        RETURN QUERY SELECT p_path || '.deadline', m
+        FROM orch8.duration_problem(p_step -> 'deadline', 'deadline') AS m WHERE m IS NOT NULL;
+    END IF;
+    IF p_step ? 'on_deadline_breach' THEN
+        IF (p_step -> 'on_deadline_breach') IS DISTINCT FROM '"fail"' THEN
+            RETURN QUERY SELECT p_path || '.on_deadline_breach',
+                'on_deadline_breach must be fail (the only one this engine runs)';
+        ELSIF NOT p_step ? 'deadline' THEN
+            RETURN QUERY SELECT p_path || '.on_deadline_breach',
+                'on_deadline_breach needs a deadline';
+        END IF;
+    END IF;
+    IF p_step ? 'send_window' THEN
+        RETURN QUERY SELECT * FROM orch8.send_window_problems(
+            p_step -> 'send_window', p_path || '.send_window');
+    END IF;
     IF p_step ->> 'handler' = 'sleep' THEN
         RETURN QUERY SELECT p_path || '.handler',
             'the sleep handler held a runner thread for the whole sleep; use a sleep block: '
@@ -792,9 +821,11 @@ COMMENT ON FUNCTION orch8.sequence_step_problems(jsonb, text, text[], text) IS
 'Problems of a step block beyond id and type: the handler call (sequence_call_problems, '
 'templates over p_roots), provider_idempotency (a boolean, for a side-effecting '
 'handler), verify (sequence_verify_problems), when (a non-empty string), delay (a '
-'duration), the sleep handler (refused: the sleep block holds no runner), output_schema '
-'(an object), compensation (only directly inside a saga: p_parent_type; a handler call '
-'of its own), and fields the language does not accept in a step.';
+'duration), deadline (a duration) and on_deadline_breach (fail, with a deadline), '
+'send_window (send_window_problems), the sleep handler (refused: the sleep '
+'block holds no runner), output_schema (an object), compensation (only directly inside '
+'a saga: p_parent_type; a handler call of its own), and fields the language does not '
+'accept in a step.';
 
 CREATE OR REPLACE FUNCTION orch8.sequence_list_problems(
     p_value jsonb, p_path text, p_required boolean

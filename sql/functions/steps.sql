@@ -181,6 +181,14 @@ BEGIN
                                        'requested while running')::text,
                    NULL)::orch8.effect_outcome;
     END IF;
+    IF orch8.deadline_passed(v_node) THEN
+        -- claimed in time but begun too late: it fails before any receipt
+        PERFORM orch8.fail_deadline(v_inst, v_node, p_attempt, NULL, p_lease_token);
+        RETURN ROW('stopped', NULL, NULL, NULL, p_block_id, p_attempt, NULL, NULL,
+                   orch8.sync_instance(p_tenant_id, p_instance_id, 'runner',
+                                       'deadline passed')::text,
+                   NULL)::orch8.effect_outcome;
+    END IF;
     IF orch8.step_idempotency_key_problem(p_params) IS NOT NULL THEN
         -- refused before any receipt (begin_effect would raise, and lose this record)
         PERFORM orch8.fail_step(p_tenant_id, p_instance_id, p_lease_token, p_block_id,
@@ -493,7 +501,14 @@ BEGIN
             IF p_effect_id IS NOT NULL AND p_attempt > 0 THEN  -- attempt 0 has no earlier one
                 PERFORM orch8.settle_same_key_receipts(p_tenant_id, p_effect_id, 'engine');
             END IF;
-            PERFORM orch8.end_node(v_inst, p_block_id, 'completed', NULL, NULL, NULL);
+            IF orch8.deadline_passed(v_node) THEN
+                -- too late: the outcome is recorded (and its receipt committed), the node
+                -- fails
+                v_reason := orch8.fail_deadline(v_inst, v_node, p_attempt, p_effect_id,
+                                                p_lease_token);
+            ELSE
+                PERFORM orch8.end_node(v_inst, p_block_id, 'completed', NULL, NULL, NULL);
+            END IF;
         ELSIF p_result = 'skipped' THEN
             PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_block_id,
                 p_attempt, '__skipped__', p_output, NULL, NULL, p_lease_token);
@@ -537,9 +552,17 @@ BEGIN
                     true, p_effect_id, p_lease_token);
                 IF v_node.cancel_requested THEN
                     PERFORM orch8.end_node(v_inst, p_block_id, 'cancelled', NULL, NULL, NULL);
+                ELSIF orch8.deadline_passed(v_node) THEN
+                    v_reason := orch8.fail_deadline(v_inst, v_node, p_attempt, p_effect_id,
+                                                    p_lease_token);
                 ELSE
                     UPDATE orch8.execution_nodes AS n
-                    SET state = 'ready', next_fire_at = orch8.now() + v_retry_in,
+                    SET state = 'ready',
+                        -- a retry waits for its backoff, then for the step's send_window
+                        next_fire_at = orch8.window_open_at(
+                            orch8.instance_step(p_tenant_id, p_instance_id, p_block_id)
+                            -> 'send_window',
+                            orch8.now() + v_retry_in),
                         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
                         updated_at = orch8.now()
                     WHERE n.tenant_id = p_tenant_id AND n.instance_id = p_instance_id
@@ -567,7 +590,8 @@ COMMENT ON FUNCTION orch8.finish_step(
 'unknown receipts under the same key settled: settle_same_key_receipts) and the node '
 'completes, which moves the tree on (end_node); skipped (its when was false; no effect) '
 '-> __skipped__ with p_output and the node is skipped; error with p_retry_in -> '
-'__retry__ and the node ready again p_retry_in from now; error without -> __error__ '
+'__retry__ and the node ready again p_retry_in from now (or at the next opening of its '
+'send_window: window_open_at); error without -> __error__ '
 '(with p_error_code) and the node fails, unwinding to the nearest handler. An ambiguous '
 'outcome (error with an effect) is retried only when step_ambiguity_mode is not settle '
 '(p_retry_in is ignored otherwise); not retried, it goes to await_settlement (the node '

@@ -198,7 +198,7 @@ BEGIN
         -- fails, naming the type
         INSERT INTO orch8.execution_nodes (
             tenant_id, instance_id, path, parent_path, block_id, kind, state, priority, items,
-            next_fire_at
+            next_fire_at, deadline_at
         ) VALUES (
             p_inst.tenant_id, p_inst.id, v_path, p_parent, v_id,
             CASE WHEN v_type IN ('loop', 'for_each', 'router', 'sub_sequence', 'wait_for_input')
@@ -207,9 +207,14 @@ BEGIN
             CASE v_type WHEN 'loop' THEN '{"asking": "condition"}'::jsonb
                         WHEN 'for_each' THEN '{"asking": "collection"}'::jsonb
                         WHEN 'router' THEN '{"asking": "route"}'::jsonb END,
-            -- a step's delay: claimable once it has passed
-            coalesce(orch8.after_ms(orch8.duration_ms(
-                CASE WHEN v_type = 'step' THEN p_block -> 'delay' END)), orch8.now())
+            -- a step's delay: claimable once it has passed, and its send_window open
+            orch8.window_open_at(
+                CASE WHEN v_type = 'step' THEN p_block -> 'send_window' END,
+                coalesce(orch8.after_ms(orch8.duration_ms(
+                    CASE WHEN v_type = 'step' THEN p_block -> 'delay' END)), orch8.now())),
+            -- a step's deadline counts from now, delay and window included
+            orch8.after_ms(orch8.duration_ms(
+                CASE WHEN v_type = 'step' THEN p_block -> 'deadline' END))
         );
         UPDATE orch8.task_instances AS t SET current_block = v_path
         WHERE t.tenant_id = p_inst.tenant_id AND t.id = p_inst.id;
@@ -221,8 +226,9 @@ COMMENT ON FUNCTION orch8.start_block(orch8.task_instances, text, jsonb) IS
 'Start a block in the list at p_parent: parallel and race create every branch (p#i) and '
 'start them; try_catch starts its .try; saga starts its first block; a sleep or a '
 'wait_for_signal starts waiting (start_wait); a step (claimable once its delay has '
-'passed), loop, for_each, router, sub_sequence or wait_for_input becomes a ready node '
-'for a runner to claim (and the instance''s current_block).';
+'passed and its send_window is open: window_open_at; deadline_at from its deadline), '
+'loop, for_each, router, sub_sequence or wait_for_input becomes a ready node for a '
+'runner to claim (and the instance''s current_block).';
 
 CREATE OR REPLACE FUNCTION orch8.start_list(
     p_inst orch8.task_instances,

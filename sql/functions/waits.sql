@@ -72,6 +72,220 @@ COMMENT ON FUNCTION orch8.after_ms(bigint) IS
 'orch8.now() plus p_ms milliseconds (NULL for NULL): when a sleep, a delay or a timeout '
 'that starts now ends.';
 
+-- A step's send window -----------------------------------------------------------------------
+-- {"timezone": "Europe/Berlin", "days": ["mon", ...], "start": "09:00", "end": "17:00"}: the
+-- step becomes due only between start (included) and end (excluded), local wall time in
+-- the zone, on the days listed (all when omitted). Outside, it waits for the next opening.
+
+CREATE OR REPLACE FUNCTION orch8.window_days()
+RETURNS text[]
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+    SELECT ARRAY['mon', 'tue', 'wed', 'thu', 'fri', 'sat', 'sun']
+$$;
+
+COMMENT ON FUNCTION orch8.window_days() IS
+'The day names of a send window, in ISO order (Monday is 1, as extract(isodow)).';
+
+CREATE OR REPLACE FUNCTION orch8.send_window_problems(p_window jsonb, p_path text)
+RETURNS TABLE (path text, message text)
+LANGUAGE plpgsql
+STABLE
+PARALLEL SAFE
+AS $$
+DECLARE
+    v_time text := '^([01][0-9]|2[0-3]):[0-5][0-9]$';
+    v_start_ok boolean;
+    v_end_ok boolean;
+BEGIN
+    IF jsonb_typeof(p_window) IS DISTINCT FROM 'object' THEN
+        RETURN QUERY SELECT p_path,
+            'send_window must be an object {timezone, days, start, end}';
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM orch8.sequence_field_problems('send_window', p_window, p_path);
+    IF NOT p_window ? 'timezone' THEN
+        RETURN QUERY SELECT p_path || '.timezone',
+            'timezone is required (a time zone name such as Europe/Berlin)';
+    ELSIF jsonb_typeof(p_window -> 'timezone') <> 'string'
+          OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_names AS z
+                         WHERE z.name = p_window ->> 'timezone') THEN
+        RETURN QUERY SELECT p_path || '.timezone',
+            'timezone must be a time zone name (pg_timezone_names), such as Europe/Berlin';
+    END IF;
+    IF p_window ? 'days' AND (
+        jsonb_typeof(p_window -> 'days') <> 'array'
+        OR jsonb_array_length(p_window -> 'days') = 0
+        OR EXISTS (SELECT 1 FROM jsonb_array_elements(p_window -> 'days') AS d
+                   WHERE jsonb_typeof(d.value) <> 'string'
+                      OR NOT d.value #>> '{}' = ANY (orch8.window_days()))
+        OR (SELECT count(DISTINCT d.value) FROM jsonb_array_elements(p_window -> 'days') AS d)
+           <> jsonb_array_length(p_window -> 'days')
+    ) THEN
+        RETURN QUERY SELECT p_path || '.days',
+            'days must be a non-empty array of distinct days: mon, tue, wed, thu, fri, sat, sun';
+    END IF;
+    v_start_ok := jsonb_typeof(p_window -> 'start') = 'string'
+                  AND p_window ->> 'start' ~ v_time;
+    v_end_ok := jsonb_typeof(p_window -> 'end') = 'string'
+                AND (p_window ->> 'end' ~ v_time OR p_window ->> 'end' = '24:00');
+    IF NOT coalesce(v_start_ok, false) THEN
+        RETURN QUERY SELECT p_path || '.start', 'start must be a time HH:MM, 00:00 to 23:59';
+    END IF;
+    IF NOT coalesce(v_end_ok, false) THEN
+        RETURN QUERY SELECT p_path || '.end', 'end must be a time HH:MM, 00:01 to 24:00';
+    ELSIF coalesce(v_start_ok, false)
+          AND (p_window ->> 'start')::time >= (p_window ->> 'end')::time THEN
+        RETURN QUERY SELECT p_path || '.end',
+            'end must be after start (a window across midnight is not supported)';
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.send_window_problems(jsonb, text) IS
+'The validator''s problems of a step''s send_window at p_path, one per field: an object of '
+'the language scope send_window; timezone required, a name of pg_timezone_names; days '
+'(optional) a non-empty array of distinct window_days(); start HH:MM 00:00-23:59 and end '
+'HH:MM up to 24:00, both required, start before end (across midnight is not supported).';
+
+CREATE OR REPLACE FUNCTION orch8.window_open_at(p_window jsonb, p_at timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql
+STABLE
+PARALLEL SAFE
+AS $$
+DECLARE
+    v_zone text := p_window ->> 'timezone';
+    v_days jsonb := p_window -> 'days';
+    v_local timestamp;
+    v_day date;
+    v_open timestamptz;
+    v_close timestamptz;
+BEGIN
+    -- no window, or one the validator would refuse (stored before it was checked): p_at
+    IF p_at IS NULL OR jsonb_typeof(p_window) IS DISTINCT FROM 'object' OR v_zone IS NULL
+       OR coalesce(p_window ->> 'start', '') !~ '^([01][0-9]|2[0-3]):[0-5][0-9]$'
+       OR coalesce(p_window ->> 'end', '') !~ '^(([01][0-9]|2[0-3]):[0-5][0-9]|24:00)$'
+       OR (p_window ->> 'start')::time >= (p_window ->> 'end')::time THEN
+        RETURN p_at;
+    END IF;
+    BEGIN
+        v_local := p_at AT TIME ZONE v_zone;
+    EXCEPTION WHEN invalid_parameter_value THEN  -- an unknown zone
+        RETURN p_at;
+    END;
+    -- today's window if p_at is before its end, else the next day of the window's
+    FOR v_i IN 0 .. 7 LOOP
+        v_day := v_local::date + v_i;
+        CONTINUE WHEN jsonb_typeof(v_days) = 'array'
+            AND NOT v_days ? (orch8.window_days())[extract(isodow FROM v_day)::integer];
+        v_open := orch8.wall_instant(v_day + (p_window ->> 'start')::time, v_zone);
+        v_close := orch8.wall_instant(v_day + (p_window ->> 'end')::time, v_zone);
+        -- (a window inside a spring-forward gap is empty that day)
+        IF p_at < v_close AND v_open < v_close THEN
+            RETURN greatest(p_at, v_open);
+        END IF;
+    END LOOP;
+    RETURN p_at;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.window_open_at(jsonb, timestamptz) IS
+'When a step with the send_window p_window that is due at p_at may start: p_at when it is '
+'inside the window (start included, end excluded, wall time in the window''s zone, on its '
+'days), else the next opening (wall_instant, as the schedules: DST-correct; a start in '
+'a spring-forward gap opens at the end of the gap, one that occurs twice at its first). '
+'p_at itself for no window, or one the validator would refuse. STABLE: it reads the '
+'time zone data. start_block (after the delay) and finish_step (a retry) apply it.';
+
+-- A step's deadline ---------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION orch8.deadline_passed(p_node orch8.execution_nodes)
+RETURNS boolean
+LANGUAGE sql
+STABLE
+AS $$
+    SELECT coalesce(p_node.deadline_at <= orch8.now(), false)
+$$;
+
+COMMENT ON FUNCTION orch8.deadline_passed(orch8.execution_nodes) IS
+'Whether the node''s deadline (deadline_at) has passed by orch8.now(); false without one.';
+
+CREATE OR REPLACE FUNCTION orch8.fail_deadline(
+    p_inst orch8.task_instances, p_node orch8.execution_nodes, p_attempt integer,
+    p_effect_id uuid, p_lease_token uuid
+)
+RETURNS text
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_error text := format('step %s missed its deadline of %s', p_node.block_id,
+        orch8.instance_step(p_inst.tenant_id, p_inst.id, p_node.path) ->> 'deadline');
+BEGIN
+    PERFORM orch8.record_block_output(p_inst.tenant_id, p_inst.id, p_node.path, p_attempt,
+        '__error__', jsonb_build_object('error', v_error, 'code', 'deadline'), false,
+        p_effect_id, p_lease_token);
+    PERFORM orch8.end_node(p_inst, p_node.path, 'failed', NULL, v_error, NULL);
+    RETURN v_error;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.fail_deadline(
+    orch8.task_instances, orch8.execution_nodes, integer, uuid, uuid
+) IS
+'Fail a step node whose deadline passed: an __error__ row with code deadline (so a catch '
+'sees error.code), and the node fails, unwinding to the nearest handler (end_node). '
+'Returns the error. Internal helper of fire_deadlines, begin_step and finish_step.';
+
+CREATE OR REPLACE FUNCTION orch8.fire_deadlines(p_limit integer DEFAULT 100)
+RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_row record;
+    v_inst orch8.task_instances;
+    v_node orch8.execution_nodes;
+    v_count integer := 0;
+BEGIN
+    -- Ready nodes only, with no lease: a leased one fails when its runner reports
+    -- (begin_step, finish_step); one waiting for its receipt to settle is decided by the
+    -- settlement, and fails here if that makes it ready again.
+    FOR v_row IN
+        SELECT n.tenant_id, n.instance_id, n.path
+        FROM orch8.execution_nodes AS n
+        JOIN orch8.task_instances AS t ON t.tenant_id = n.tenant_id AND t.id = n.instance_id
+        WHERE n.state = 'ready' AND n.deadline_at <= orch8.now() AND n.lease_token IS NULL
+        ORDER BY n.deadline_at
+        LIMIT greatest(p_limit, 0)
+        FOR UPDATE OF t, n SKIP LOCKED
+    LOOP
+        SELECT * INTO v_inst FROM orch8.task_instances AS t
+        WHERE t.tenant_id = v_row.tenant_id AND t.id = v_row.instance_id;
+        SELECT * INTO v_node FROM orch8.execution_nodes AS n
+        WHERE n.tenant_id = v_row.tenant_id AND n.instance_id = v_row.instance_id
+          AND n.path = v_row.path;
+        -- a node fails from running (node_can_transition): it is taken for this moment
+        UPDATE orch8.execution_nodes AS n SET state = 'running', updated_at = orch8.now()
+        WHERE n.tenant_id = v_row.tenant_id AND n.instance_id = v_row.instance_id
+          AND n.path = v_row.path;
+        PERFORM orch8.fail_deadline(v_inst, v_node,
+            orch8.compute_attempt(v_row.tenant_id, v_row.instance_id, v_row.path), NULL, NULL);
+        PERFORM orch8.sync_instance(v_row.tenant_id, v_row.instance_id, 'timer',
+            format('step %s: deadline passed', v_node.path));
+        v_count := v_count + 1;
+    END LOOP;
+    RETURN v_count;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.fire_deadlines(integer) IS
+'Bounded sweep: up to p_limit ready step nodes without a lease whose deadline_at has '
+'passed fail with code deadline (fail_deadline; FOR UPDATE SKIP LOCKED, with their '
+'instances), audited as the timer''s. Returns how many. claim_due_nodes runs it before '
+'it claims.';
+
 -- Starting a wait ------------------------------------------------------------------------
 
 CREATE OR REPLACE FUNCTION orch8.start_wait(
