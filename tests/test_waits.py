@@ -837,3 +837,60 @@ def test_ten_thousand_sleeping_instances_cost_the_runner_nothing(conn, db_url, t
     assert counts == {"waiting": 10_000, "completed": 100}
     assert os.path.getsize(tmp_path / "runner.log") >= 0
     json.dumps(counts)
+
+
+# --- the console ---------------------------------------------------------------------------
+
+
+def test_the_console_lists_what_waits_and_an_operator_answers_there(conn, db_url):
+    from tests.test_console import csrf_of, login
+
+    clock(conn, T0)
+    nap = make_sequence(conn, [{"type": "sleep", "id": "nap", "duration": "1d"}])
+    sleeping = start(conn, nap)
+    asking = start(conn, approval_sequence(conn), {"amount": 7, "who": "Cy"})
+    clock(conn, None)
+    app = create_app(db_url, secret_key="waits-console-secret")
+    app.testing = True
+    keys = {r: apikeys.create(conn, TENANT, r, f"{r}-c")[1] for r in ("operator", "auditor")}
+    try:
+        with running(at(db_url, T0)):
+            waiting_input(conn, asking)
+        operator = app.test_client()
+        assert login(operator, keys["operator"]).status_code == 302
+        html = operator.get("/console/waiting").text
+        assert f'data-instance="{sleeping}"' in html and "Sleeps" in html
+        assert "Refund 7 to Cy?" in html and 'value="approve"' in html
+        assert "2031-03-02" in html  # the sleep's end, until when
+        only = operator.get("/console/waiting?for=input").text
+        assert f'data-instance="{sleeping}"' not in only and "Refund 7 to Cy?" in only
+        assert operator.get("/console/waiting?for=nonsense").status_code == 400
+        auditor = app.test_client()
+        assert login(auditor, keys["auditor"]).status_code == 302
+        seen = auditor.get("/console/waiting?for=input").text
+        assert "Refund 7 to Cy?" in seen and "answer-form" not in seen
+        forged = auditor.post(
+            f"/console/instances/{asking}/answer",
+            data={"csrf_token": csrf_of(seen), "path": "approve", "choice": "approve"},
+        )
+        assert forged.status_code == 403
+        answered = operator.post(
+            f"/console/instances/{asking}/answer",
+            data={
+                "csrf_token": csrf_of(only),
+                "path": "approve",
+                "choice": "reject",
+                "comment": "no receipt",
+            },
+            follow_redirects=True,
+        )
+        assert answered.status_code == 200 and "Answered approve: reject" in answered.text
+        assert output(conn, asking, "approve")["answered_by"] == "key:operator-c"
+        again = operator.post(
+            f"/console/instances/{asking}/answer",
+            data={"csrf_token": csrf_of(only), "path": "approve", "choice": "approve"},
+            follow_redirects=True,
+        )
+        assert "Answer refused" in again.text
+    finally:
+        app.extensions["orch8.pool"].close()
