@@ -53,7 +53,7 @@ INSERT INTO defs VALUES
           "params": {"url": "https://api.example/{{ nope.x }}",
                      "headers": {"x-id": "{{ data.x"}},
           "retry": {"max_attempts": 0}},
-         {"id": "fetch", "type": "step", "handler": "log", "rate_limit_key": 5},
+         {"id": "fetch", "type": "step", "handler": "log", "queue_name": 5},
          {"id": "jump", "type": "teleport"},
          {"id": "fan", "type": "parallel", "branches": []},
          {"id": "notify", "type": "step", "params": {}}],
@@ -96,6 +96,8 @@ SELECT bag_eq(
              ('wait_for_input', 'on_timeout'),
              ('step', 'delay'), ('step', 'send_window'), ('step', 'deadline'),
              ('step', 'on_deadline_breach'),
+             ('definition', 'concurrency_key'), ('definition', 'max_concurrency'),
+             ('step', 'concurrency_key'), ('step', 'max_concurrency'), ('step', 'rate_limit_key'),
              ('send_window', 'timezone'), ('send_window', 'days'), ('send_window', 'start'),
              ('send_window', 'end'),
              ('step', 'type'), ('step', 'id'), ('step', 'handler'), ('step', 'params'),
@@ -143,10 +145,10 @@ SELECT is_empty(
 
 SELECT results_eq(
     $$SELECT f.path, f.message FROM orch8.sequence_field_problems(
-        'step', '{"when": "x", "type": "step", "colour": "red", "rate_limit_key": 5}',
+        'step', '{"when": "x", "type": "step", "colour": "red", "queue_name": 5}',
         '$.blocks[0]') AS f$$,
     $$VALUES ('$.blocks[0].colour', 'unknown field'),
-             ('$.blocks[0].rate_limit_key', 'rate_limit_key is not supported yet')$$,
+             ('$.blocks[0].queue_name', 'queue_name is not supported yet')$$,
     'sequence_field_problems: known but not run is "not supported yet", others unknown, by key'
 );
 
@@ -253,12 +255,12 @@ SELECT results_eq(
 SELECT results_eq(
     $$SELECT s.path, s.message FROM orch8.sequence_step_problems(
         '{"id": "a", "type": "step", "handler": "", "params": [], "timeout": 0,
-          "rate_limit_key": "stripe"}', '$.s', orch8.template_roots(), 'definition') AS s$$,
+          "queue_name": "stripe"}', '$.s', orch8.template_roots(), 'definition') AS s$$,
     $$VALUES
         ('$.s.handler', 'handler must be a non-empty string'),
         ('$.s.params', 'params must be a JSON object'),
         ('$.s.timeout', 'timeout must be a positive integer (milliseconds)'),
-        ('$.s.rate_limit_key', 'rate_limit_key is not supported yet')$$,
+        ('$.s.queue_name', 'queue_name is not supported yet')$$,
     'sequence_step_problems: handler, params, timeout, then refused fields'
 );
 
@@ -439,7 +441,7 @@ SELECT results_eq(
         ('$.blocks[0].params.url'),
         ('$.blocks[0].params.headers["x-id"]'),
         ('$.blocks[0].retry.max_attempts'),
-        ('$.blocks[1].rate_limit_key'),
+        ('$.blocks[1].queue_name'),
         ('$.blocks[2].type'),
         ('$.blocks[3].branches'),
         ('$.blocks[4].handler'),
@@ -459,7 +461,7 @@ SELECT is(
             ('$.blocks[0].params.url', 'template "{{ nope.x }}" has an unknown root "nope"%'),
             ('$.blocks[0].params.headers["x-id"]', 'unclosed template%'),
             ('$.blocks[0].retry.max_attempts', 'max_attempts must be an integer from 1 to 100'),
-            ('$.blocks[1].rate_limit_key', 'rate_limit_key is not supported yet'),
+            ('$.blocks[1].queue_name', 'queue_name is not supported yet'),
             ('$.blocks[2].type', 'unknown block type "teleport"%'),
             ('$.blocks[3].branches', 'branches is required: an array of 1 to 256 branches%'),
             ('$.blocks[4].handler', 'handler is required%'),

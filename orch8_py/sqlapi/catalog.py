@@ -123,6 +123,7 @@ def read(conn: Conn) -> dict[str, Any]:
         "CLAIMABLE_KINDS": tuple(value(conn, "SELECT orch8.claimable_kinds()")),
         "BUILTIN_SIGNALS": tuple(value(conn, "SELECT orch8.builtin_signals()")),
         "WAIT_REASONS": tuple(value(conn, "SELECT orch8.wait_reasons()")),
+        "DEFERRAL_REASONS": tuple(value(conn, "SELECT orch8.deferral_reasons()")),
         "BLOCK_DEFAULTS": {
             r["field"]: r["value"]
             for r in all_rows(conn, "SELECT field, value FROM orch8.block_defaults()")

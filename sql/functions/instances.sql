@@ -93,11 +93,15 @@ BEGIN
     PERFORM orch8.attribute_transition('create', NULL);
     INSERT INTO orch8.task_instances AS t (
         tenant_id, sequence_id, sequence_version, context, next_fire_at, priority,
-        parent_instance_id, parent_path, depth, idempotency_key
+        parent_instance_id, parent_path, depth, idempotency_key, concurrency_key,
+        max_concurrency
     ) VALUES (
         p_tenant_id, v_seq.id, v_seq.version, v_context,
         coalesce(p_next_fire_at, orch8.now()), coalesce(p_priority, 0),
-        p_parent_instance_id, p_parent_path, v_depth, p_idempotency_key
+        p_parent_instance_id, p_parent_path, v_depth, p_idempotency_key,
+        -- rendered before the id exists: {{ instance_id }} in it is refused by the validator
+        orch8.render_key(v_seq.definition ->> 'concurrency_key', v_context, NULL),
+        (v_seq.definition ->> 'max_concurrency')::integer
     )
     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
     RETURNING t.* INTO v_row;
@@ -226,6 +230,7 @@ RETURNS SETOF orch8.execution_nodes
 LANGUAGE plpgsql
 AS $$
 DECLARE
+    v_due orch8.execution_nodes [];
     v_claimed orch8.execution_nodes [];
     v_instance record;
 BEGIN
@@ -240,23 +245,37 @@ BEGIN
     PERFORM orch8.fire_deadlines(4 * p_batch);  -- before the claim: a step past it fails
     -- The instance's row is locked with the node's, and both are skipped when busy: every
     -- other move of a tree locks the instance first (one lock order), and a busy instance
-    -- is some other runner's moment.
+    -- is some other runner's moment. A node whose concurrency key looks full is passed
+    -- over here, so that a crowd of them does not fill the batch; admit_nodes decides
+    -- under the key's lock.
     WITH due AS (
-        SELECT n.tenant_id, n.instance_id, n.path
+        SELECT n AS node, n.priority, n.next_fire_at
         FROM orch8.execution_nodes AS n
         JOIN orch8.task_instances AS t ON t.tenant_id = n.tenant_id AND t.id = n.instance_id
         WHERE n.state = 'ready' AND n.next_fire_at <= orch8.now()
           AND t.state IN ('scheduled', 'running', 'waiting')
           AND t.requested_state IS DISTINCT FROM 'paused'
+          AND (n.concurrency_key IS NULL OR n.max_concurrency > (
+              SELECT count(*) FROM orch8.execution_nodes AS h
+              WHERE h.tenant_id = n.tenant_id AND h.concurrency_key = n.concurrency_key
+                AND h.lease_token IS NOT NULL))
         ORDER BY n.priority DESC, n.next_fire_at
         LIMIT p_batch
         FOR UPDATE OF n, t SKIP LOCKED
-    ),
-    claimed AS (
+    )
+    SELECT coalesce(array_agg(d.node ORDER BY d.priority DESC, d.next_fire_at),
+                    ARRAY[]::orch8.execution_nodes [])
+    INTO v_due FROM due AS d;
+    IF EXISTS (SELECT 1 FROM unnest(v_due) AS c
+               WHERE c.concurrency_key IS NOT NULL OR c.rate_limit_key IS NOT NULL) THEN
+        v_due := orch8.admit_nodes(v_due);
+    END IF;
+    WITH claimed AS (
         UPDATE orch8.execution_nodes AS n
         SET state = 'running', lease_owner = p_worker_id, lease_token = gen_random_uuid(),
-            lease_expires_at = orch8.now() + p_lease, updated_at = orch8.now()
-        FROM due AS d
+            lease_expires_at = orch8.now() + p_lease, deferred_by = NULL,
+            updated_at = orch8.now()
+        FROM unnest(v_due) AS d
         WHERE n.tenant_id = d.tenant_id AND n.instance_id = d.instance_id AND n.path = d.path
           AND n.state = 'ready'
         RETURNING n
@@ -282,7 +301,8 @@ COMMENT ON FUNCTION orch8.claim_due_nodes(text, integer, interval) IS
 '4 * p_batch due timers (fire_timers: sleeps end, waits time out) and as many passed '
 'step deadlines (fire_deadlines), then claim up to '
 'p_batch due ready nodes of instances that are not paused (priority, then next_fire_at; '
-'FOR UPDATE SKIP LOCKED, the node''s instance locked with it), each with a fresh lease '
+'FOR UPDATE SKIP LOCKED, the node''s instance locked with it) that admit_nodes admits '
+'(concurrency keys, rate limits), each with a fresh lease '
 'token and expiry now + p_lease; their instances become running. Every later write for '
 'a node carries its token.';
 

@@ -49,7 +49,9 @@ AS $$
     ('sub_sequence_depth', 8, 'levels', 'child instances inside child instances'),
     ('wait_ms', 31622400000, 'milliseconds',
      'a sleep''s duration, a step''s delay, a wait''s timeout (366 days)'),
-    ('bulk_batch', 1000, 'instances', 'the instances one bulk_apply call acts on')
+    ('bulk_batch', 1000, 'instances', 'the instances one bulk_apply call acts on'),
+    ('max_concurrency', 100000, 'steps',
+     'a concurrency key''s max_concurrency (steps of a tenant holding it at once)')
 $$;
 
 COMMENT ON FUNCTION orch8.limits() IS

@@ -197,6 +197,11 @@ AS $$
      'a JSON Schema the instance''s data must match when it starts'),
     ('definition', 'output_schema', false, 'not supported yet'),
     ('definition', 'sla', false, 'not supported yet'),
+    ('definition', 'concurrency_key', true,
+     'a key ({{ data.x }}, {{ config.x }} templates, rendered when the instance is created) '
+     'each of its steps that declares none holds while it runs'),
+    ('definition', 'max_concurrency', true,
+     'how many steps of the tenant may hold the definition''s concurrency_key at once'),
     ('definition', 'on_failure', true,
      'blocks run when the instance fails ({{ error }} bound), before it ends failed'),
     ('definition', 'on_cancel', true,
@@ -239,7 +244,14 @@ AS $$
     ('step', 'verify', true, 'how to settle an unknown outcome without a person'),
     ('step', 'delay', true,
      'a duration to wait before the first attempt (ms, or 30s, 15m, 2h, 3d)'),
-    ('step', 'rate_limit_key', false, 'not supported yet'),
+    ('step', 'rate_limit_key', true,
+     'the tenant''s rate limit (orch8.set_rate_limit) the step takes a token from before it '
+     'starts; without one it is deferred to when one will be, never failed'),
+    ('step', 'concurrency_key', true,
+     'a key ({{ data.x }}, {{ config.x }}, {{ instance_id }} templates, rendered when the '
+     'step becomes ready) the step holds while it runs'),
+    ('step', 'max_concurrency', true,
+     'how many steps of the tenant may hold its concurrency_key at once'),
     ('step', 'send_window', true,
      'days and hours in a time zone when the step may start; outside them it waits for '
      'the next opening (the first attempt and each retry)'),
@@ -436,6 +448,8 @@ BEGIN
             RETURN QUERY SELECT '$.' || v_field, v_field || ' must be a non-empty array of blocks';
         END IF;
     END LOOP;
+    -- a definition's key is rendered before the instance has an id
+    RETURN QUERY SELECT * FROM orch8.flow_control_problems(p_definition, '$', ARRAY['data', 'config']);
     IF p_definition ? 'input_schema' AND jsonb_typeof(p_definition -> 'input_schema') <> 'object'
     THEN
         RETURN QUERY SELECT '$.input_schema', 'input_schema must be a JSON Schema (an object)';
@@ -445,7 +459,9 @@ $$;
 
 COMMENT ON FUNCTION orch8.sequence_top_problems(jsonb) IS
 'Problems of a definition''s top level: fields the language does not accept; blocks '
-'missing, empty or not an array, or more than sequence_blocks at every depth; on_failure '
+'missing, empty or not an array, or more than sequence_blocks at every depth; '
+'concurrency_key and max_concurrency (flow_control_problems, templates over data and '
+'config); on_failure '
 'and on_cancel not non-empty arrays; input_schema not an object (its being a JSON Schema '
 'is checked by orch8_py before storing).';
 
@@ -786,6 +802,8 @@ BEGIN
                 'on_deadline_breach needs a deadline';
         END IF;
     END IF;
+    RETURN QUERY SELECT * FROM orch8.flow_control_problems(
+        p_step, p_path, orch8.key_template_roots());
     IF p_step ? 'send_window' THEN
         RETURN QUERY SELECT * FROM orch8.send_window_problems(
             p_step -> 'send_window', p_path || '.send_window');
@@ -822,6 +840,7 @@ COMMENT ON FUNCTION orch8.sequence_step_problems(jsonb, text, text[], text) IS
 'templates over p_roots), provider_idempotency (a boolean, for a side-effecting '
 'handler), verify (sequence_verify_problems), when (a non-empty string), delay (a '
 'duration), deadline (a duration) and on_deadline_breach (fail, with a deadline), '
+'concurrency_key, max_concurrency and rate_limit_key (flow_control_problems), '
 'send_window (send_window_problems), the sleep handler (refused: the sleep '
 'block holds no runner), output_schema (an object), compensation (only directly inside '
 'a saga: p_parent_type; a handler call of its own), and fields the language does not '

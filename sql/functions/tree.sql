@@ -198,7 +198,7 @@ BEGIN
         -- fails, naming the type
         INSERT INTO orch8.execution_nodes (
             tenant_id, instance_id, path, parent_path, block_id, kind, state, priority, items,
-            next_fire_at, deadline_at
+            next_fire_at, deadline_at, concurrency_key, max_concurrency, rate_limit_key
         ) VALUES (
             p_inst.tenant_id, p_inst.id, v_path, p_parent, v_id,
             CASE WHEN v_type IN ('loop', 'for_each', 'router', 'sub_sequence', 'wait_for_input')
@@ -214,7 +214,15 @@ BEGIN
                     CASE WHEN v_type = 'step' THEN p_block -> 'delay' END)), orch8.now())),
             -- a step's deadline counts from now, delay and window included
             orch8.after_ms(orch8.duration_ms(
-                CASE WHEN v_type = 'step' THEN p_block -> 'deadline' END))
+                CASE WHEN v_type = 'step' THEN p_block -> 'deadline' END)),
+            -- a step's flow control: its own concurrency key, else its definition's
+            CASE WHEN v_type = 'step' THEN coalesce(
+                orch8.render_key(p_block ->> 'concurrency_key', p_inst.context, p_inst.id),
+                p_inst.concurrency_key) END,
+            CASE WHEN v_type = 'step' THEN CASE WHEN p_block ? 'concurrency_key'
+                THEN (p_block ->> 'max_concurrency')::integer
+                ELSE p_inst.max_concurrency END END,
+            CASE WHEN v_type = 'step' THEN p_block ->> 'rate_limit_key' END
         );
         UPDATE orch8.task_instances AS t SET current_block = v_path
         WHERE t.tenant_id = p_inst.tenant_id AND t.id = p_inst.id;
@@ -226,7 +234,8 @@ COMMENT ON FUNCTION orch8.start_block(orch8.task_instances, text, jsonb) IS
 'Start a block in the list at p_parent: parallel and race create every branch (p#i) and '
 'start them; try_catch starts its .try; saga starts its first block; a sleep or a '
 'wait_for_signal starts waiting (start_wait); a step (claimable once its delay has '
-'passed and its send_window is open: window_open_at; deadline_at from its deadline), '
+'passed and its send_window is open: window_open_at; deadline_at from its deadline; its '
+'concurrency key rendered, else its instance''s, and its rate_limit_key), '
 'loop, for_each, router, sub_sequence or wait_for_input becomes a ready node for a '
 'runner to claim (and the instance''s current_block).';
 
@@ -973,19 +982,27 @@ BEGIN
        OR p_lease_expires_at < orch8.now() THEN
         RETURN NULL;
     END IF;
+    SELECT c.* INTO v_node FROM orch8.execution_nodes AS c
+    WHERE c.tenant_id = p_inst.tenant_id AND c.instance_id = p_inst.id
+      AND c.state = 'ready' AND c.next_fire_at <= orch8.now()
+      AND c.path IS DISTINCT FROM p_exclude
+    ORDER BY (c.parent_path IS NOT DISTINCT FROM p_prefer_parent) DESC, c.priority DESC,
+             c.next_fire_at, c.path
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED;
+    IF v_node.path IS NULL THEN
+        RETURN NULL;
+    END IF;
+    -- a concurrency key or a rate limit admits it, or the claim loop takes it later
+    IF (v_node.concurrency_key IS NOT NULL OR v_node.rate_limit_key IS NOT NULL)
+       AND cardinality(orch8.admit_nodes(ARRAY[v_node])) = 0 THEN
+        RETURN NULL;
+    END IF;
     UPDATE orch8.execution_nodes AS n
     SET state = 'running', lease_owner = p_lease_owner, lease_token = p_lease_token,
-        lease_expires_at = p_lease_expires_at, updated_at = orch8.now()
-    WHERE (n.tenant_id, n.instance_id, n.path) = (
-        SELECT c.tenant_id, c.instance_id, c.path FROM orch8.execution_nodes AS c
-        WHERE c.tenant_id = p_inst.tenant_id AND c.instance_id = p_inst.id
-          AND c.state = 'ready' AND c.next_fire_at <= orch8.now()
-          AND c.path IS DISTINCT FROM p_exclude
-        ORDER BY (c.parent_path IS NOT DISTINCT FROM p_prefer_parent) DESC, c.priority DESC,
-                 c.next_fire_at, c.path
-        LIMIT 1
-        FOR UPDATE SKIP LOCKED)
-      AND n.state = 'ready'
+        lease_expires_at = p_lease_expires_at, deferred_by = NULL, updated_at = orch8.now()
+    WHERE n.tenant_id = v_node.tenant_id AND n.instance_id = v_node.instance_id
+      AND n.path = v_node.path AND n.state = 'ready'
     RETURNING n.* INTO v_node;
     RETURN v_node;
 END
@@ -997,7 +1014,8 @@ COMMENT ON FUNCTION orch8.hand_over(
 'After a node ended under a lease: lease the instance''s next due ready node (a sibling '
 'of the finished one first; never p_exclude, a step that is to be retried) to the same '
 'holder with the same token and expiry, so a runner walks a chain without claiming; '
-'NULL when there is none or a pause is asked.';
+'NULL when there is none, a pause is asked, or admit_nodes does not admit it (its '
+'concurrency key is full, or its rate limit defers it).';
 
 CREATE OR REPLACE FUNCTION orch8.node_answer(
     p_tenant_id text,
@@ -1404,7 +1422,11 @@ SELECT
     n.next_fire_at,
     n.created_at,
     n.ended_at,
-    n.wake_at
+    n.wake_at,
+    n.concurrency_key,
+    n.rate_limit_key,
+    n.deferred_by,
+    n.deferrals
 FROM orch8.execution_nodes AS n
 LEFT JOIN LATERAL (
     SELECT b.attempt FROM orch8.block_outputs AS b
@@ -1433,7 +1455,8 @@ COMMENT ON VIEW orch8.execution_tree IS
 'Each node of each instance''s execution tree with what an operator reads beside it: the '
 'latest attempt of a step (or sub_sequence), its latest receipt and that receipt''s '
 'state, its output (the latest), why it was cancelled, its child instance, its lease '
-'and a waiting node''s timer (wake_at). '
+'and a waiting node''s timer (wake_at), its flow control (concurrency_key, '
+'rate_limit_key) and why and how often admission deferred it (deferred_by, deferrals). '
 'What the API, the CLI '
 'and the console draw as a tree (parent_path links a node to its parent; '
 'ORDER BY created_at, path gives the order things started).';
