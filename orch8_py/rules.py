@@ -179,6 +179,8 @@ BUILTIN_SIGNALS = ('cancel', 'pause', 'resume', 'update_context', 'input')
 
 WAIT_REASONS = ('time', 'signal', 'input', 'child', 'verification')
 
+DEFERRAL_REASONS = ('rate_limit', 'rate_limit_undefined')
+
 BLOCK_DEFAULTS = {'max_iterations': 1000,
  'concurrency': 1,
  'item_var': 'item',

@@ -4,7 +4,7 @@
 -- it holds and deferring the rest to when their tokens will be (never failing them); an
 -- undefined key deferring until set_rate_limit defines it. Time only moves forward.
 BEGIN;
-SELECT plan(32);
+SELECT plan(33);
 SELECT set_config('orch8.fake_now', '2031-03-01 12:00:00+00', true);
 SELECT set_config('tap.tenant', 'flow', true);
 
@@ -167,6 +167,10 @@ SELECT is(
         FROM orch8.set_rate_limit('flow', 'stripe', 60, '1m', 5, 'ops') AS r
     ),
     '(60,5,0.000)', 'a changed limit keeps what the bucket held'
+);
+SELECT is(
+    (tap.node('r4', 'call')).next_fire_at, '2031-03-01 12:00:30+00'::timestamptz,
+    'and what it deferred is due again, to be admitted under the new limit'
 );
 SELECT set_config('orch8.fake_now', '2031-03-01 12:01:00+00', true);
 SELECT results_eq($$SELECT * FROM tap.claim()$$, $$VALUES ('r4:call')$$, 'and r4 at its time');

@@ -120,6 +120,11 @@ class Api:
             kw["json"] = body
         return self.client.post(f"/api/v1{path}", headers=self.headers, **kw)
 
+    def put(self, path, body=None, **kw):
+        if body is not None:
+            kw["json"] = body
+        return self.client.put(f"/api/v1{path}", headers=self.headers, **kw)
+
 
 @pytest.fixture
 def app(db_url):

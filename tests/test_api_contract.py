@@ -186,7 +186,7 @@ def test_every_route_answers_405_with_allow_for_other_methods(app, api):
     for rule in _routes(app):
         path = re.sub(r"<(?:[a-z]+:)?([a-z_]+)>", "x", rule.rule)
         allowed.setdefault(path, set()).update(rule.methods)
-    assert len(allowed) == 38  # 28, /bulk/instances, 3 of the waits, 6 of /schedules
+    assert len(allowed) == 40  # 28, /bulk/instances, 3 waits, 6 /schedules, 2 /rate-limits
     for path, methods in allowed.items():
         for method in {"GET", "POST", "PUT", "PATCH", "DELETE"} - methods:
             resp = api.client.open(path, method=method, headers=api.headers)

@@ -381,6 +381,7 @@ def test_an_http_verifier_looks_the_effect_up(conn, runner, provider, monkeypatc
 
 
 def test_every_supported_field_is_proven_end_to_end(conn):
+    import tests.test_flow_control
     import tests.test_waits
     import tests.test_workflows  # noqa: F401
 
@@ -399,14 +400,14 @@ def test_every_supported_field_is_proven_end_to_end(conn):
 
 
 def test_a_definition_stored_before_a_field_was_refused_runs_as_stored(conn, runner):
-    seq = store_sequence(conn, [step("a", rate_limit_key="stripe")], status="draft")
+    seq = store_sequence(conn, [step("a", queue_name="billing")], status="draft")
     instance = start(conn, seq, {})
     assert wait_for(conn, [instance])[instance][0] == "completed"
-    assert [c[0] for c in CALLS] == ["a"]  # as before: rate_limit_key is not honoured
+    assert [c[0] for c in CALLS] == ["a"]  # as before: queue_name is not honoured
 
 
 def test_sequences_list_flags_definitions_with_refused_fields(db_url, conn):
-    store_sequence(conn, [step("a", rate_limit_key="x")], name="old-flow", status="draft")
+    store_sequence(conn, [step("a", queue_name="x")], name="old-flow", status="draft")
     make_sequence(conn, [step("a")], name="new-flow")
     env = orch8_env(ORCH8_DATABASE_URL=db_url)
     out = run_orch8("sequences", "list", "--tenant", TENANT, env=env)
@@ -417,7 +418,7 @@ def test_sequences_list_flags_definitions_with_refused_fields(db_url, conn):
     assert "1 sequence(s) use fields this orch8 no longer accepts" in out.stdout
     shown = run_orch8("sequences", "show", "old-flow", "--tenant", TENANT, env=env)
     assert "$.status: status is not supported yet" in shown.stdout
-    assert "$.blocks[0].rate_limit_key: rate_limit_key is not supported yet" in shown.stdout
+    assert "$.blocks[0].queue_name: queue_name is not supported yet" in shown.stdout
 
 
 def test_a_verifier_expression_that_does_not_parse_is_refused_before_storing(conn):

@@ -34,6 +34,7 @@ def test_the_guide_has_an_example_per_block():
     assert names >= {
         "when", "parallel", "race", "loop", "for_each", "router", "try_catch", "saga",
         "sub_sequence", "on_failure", "sleep", "delay", "wait_for_signal", "wait_for_input",
+        "concurrency_key", "definition_concurrency_key", "rate_limit",
     }  # fmt: skip
 
 
@@ -57,6 +58,11 @@ def test_each_example_runs_as_printed(db_url, conn, fields, body):
         name=f"example-{fields['name']}",
         definition=json.loads(body),
     )
+    if "rate_limit" in fields:  # the tenant's bucket the example's steps name
+        limit = json.loads(fields["rate_limit"])
+        sqlapi.flow_control.set_rate_limit(
+            conn, tenant_id=TENANT, key=limit["key"], rate=limit["rate"], per=limit["per"]
+        )
     if "started_ago" in fields:  # the engine clock of the start: its timers are due now
         conn.execute(
             "SELECT set_config('orch8.fake_now', (now() - %s::interval)::text, false)",

@@ -8,7 +8,8 @@ Two sources in one answer:
   pipelined with its statement timeout): the unresolved-effects queue by tenant, kind,
   state and whether an instance waits on it (``blocking``), with the age of its oldest
   receipt, the verifications not yet settled by state (pending, escalated), instances by
-  state, the webhook outbox by state, delivered webhooks and lease reclaims.
+  state, the webhook outbox by state, delivered webhooks, lease reclaims, and per rate
+  limit the steps it defers now and its admitted and deferred counters.
 
 If the database cannot be read the answer is still 200, with the process metrics and
 ``orch8_database_up 0``. No API key: Prometheus scrapes this, and it exposes counts, not
@@ -139,6 +140,27 @@ def families(rows: list[tuple[Any, ...]]) -> Iterator[Metric]:
         "Running instances whose lease expired and that the lease sweep handed back to "
         "scheduled (instance_transitions with actor lease-sweep): a runner died or stalled.",
     )
+    rate_waiting = GaugeMetricFamily(
+        "orch8_rate_limit_waiting_steps",
+        "Steps a rate limit defers now (ready, waiting for a token; or for the key to be "
+        "defined, when it has no bucket).",
+        labels=["tenant", "key"],
+    )
+    rate_deferred = CounterMetricFamily(
+        "orch8_rate_limit_deferrals",
+        "Times a step found no token in its rate limit and was deferred (never failed).",
+        labels=["tenant", "key"],
+    )
+    rate_admitted = CounterMetricFamily(
+        "orch8_rate_limit_admitted",
+        "Steps that took a token from their rate limit.",
+        labels=["tenant", "key"],
+    )
+    rate_families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+        "rate_limit_waiting": rate_waiting,
+        "rate_limit_deferred": rate_deferred,
+        "rate_limit_admitted": rate_admitted,
+    }
     ages: dict[tuple[str, str, str], float] = {}
     by_state: dict[str, dict[str, dict[str, int]]] = {
         "instances": defaultdict(dict),
@@ -155,6 +177,8 @@ def families(rows: list[tuple[Any, ...]]) -> Iterator[Metric]:
             by_state[metric][tenant][state] = n
         elif metric == "lease_reclaims":
             reclaimed = n
+        elif metric in rate_families:
+            rate_families[metric].add_metric([tenant, kind], n)
     for (tenant, kind, blocks), age in sorted(ages.items()):
         oldest.add_metric([tenant, kind, blocks], age)
     for family, states, counts in (
@@ -169,6 +193,7 @@ def families(rows: list[tuple[Any, ...]]) -> Iterator[Metric]:
         delivered.add_metric([tenant], by_state["webhooks"][tenant].get("delivered", 0))
     reclaims.add_metric([], reclaimed)
     yield from (unresolved, oldest, verifications, instances, outbox, delivered, reclaims)
+    yield from (rate_waiting, rate_deferred, rate_admitted)
 
 
 def render(pool: ConnectionPool) -> bytes:

@@ -180,6 +180,16 @@ def tree_line(depth: int, node: TreeNode) -> str:
         parts.append(f"child {r['child_instance_id']}")
     if r["state"] == "waiting" and r.get("wake_at") is not None:
         parts.append(f"until {r['wake_at']}")
+    if r["state"] == "ready" and r.get("deferred_by") == "rate_limit":
+        parts.append(
+            f"deferred by rate limit {r['rate_limit_key']} until {r['next_fire_at']} "
+            f"({r['deferrals']} time(s))"
+        )
+    elif r["state"] == "ready" and r.get("deferred_by") == "rate_limit_undefined":
+        parts.append(
+            f"waits: rate limit {r['rate_limit_key']} is not defined "
+            f"(`orch8 rate-limits set {r['rate_limit_key']} --rate N --per 1m`)"
+        )
     if r["state"] == "completed" and r["output"] is not None and r["kind"] != "sequence":
         parts.append(json.dumps(r["output"])[:80])
     why = r["error"] if r["state"] in ("failed", "blocked") else r["cancel_reason"]

@@ -7,9 +7,10 @@ one typed function per SQL function or shared read, with named arguments.
 
 Functions take a connection the caller owns (its pool, transaction, role and tenant) and
 raise the exceptions of orch8_py.errors for the engine's SQLSTATEs. Modules follow the
-SQL files: steps (the runner), effects, instances, sequences, webhooks, keys, tenancy
-(the web role), observe (metrics), server (databases, sessions), catalog (the rules
-orch8_py/rules.py is generated from), psql (the statements shown to people).
+SQL files: steps (the runner), effects, flow_control (rate limits), instances, sequences,
+webhooks, schedules, bulk, keys, tenancy (the web role), observe (metrics), server
+(databases, sessions), catalog (the rules orch8_py/rules.py is generated from), psql (the
+statements shown to people).
 tests/test_one_door.py keeps SQL text out of every other module (the migrator and the
 tests aside).
 """
@@ -20,6 +21,7 @@ from . import (
     bulk,
     catalog,
     effects,
+    flow_control,
     instances,
     keys,
     observe,
@@ -39,6 +41,7 @@ __all__ = [
     "bulk",
     "catalog",
     "effects",
+    "flow_control",
     "instances",
     "keys",
     "observe",

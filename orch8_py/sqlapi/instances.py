@@ -220,7 +220,8 @@ def instance_tree(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID) -> list
         conn,
         "SELECT path, parent_path, block_id, kind, state::text AS state, attempt, effect_id,"
         " receipt_state::text AS receipt_state, output, error, cancel_reason, child_instance_id,"
-        " lease_owner, lease_expires_at, next_fire_at, wake_at, created_at, ended_at"
+        " lease_owner, lease_expires_at, next_fire_at, wake_at, created_at, ended_at,"
+        " concurrency_key, rate_limit_key, deferred_by, deferrals"
         " FROM orch8.execution_tree WHERE tenant_id = %(tenant)s AND instance_id = %(id)s"
         " ORDER BY created_at, path",
         {"tenant": tenant_id, "id": instance_id},

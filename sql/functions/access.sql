@@ -303,11 +303,31 @@ BEGIN
     UNION ALL
     SELECT 'lease_reclaims', NULL, NULL, NULL, NULL, count(*), NULL
     FROM orch8.instance_transitions AS x
-    WHERE x.actor = 'lease-sweep';
+    WHERE x.actor = 'lease-sweep'
+    UNION ALL
+    -- per rate limit: steps deferred now, and the bucket's counters
+    SELECT 'rate_limit_waiting', s.tenant_id, s.key, NULL, NULL, s.waiting, NULL
+    FROM orch8.rate_limit_status AS s
+    UNION ALL
+    SELECT 'rate_limit_deferred', s.tenant_id, s.key, NULL, NULL, s.deferred, NULL
+    FROM orch8.rate_limit_status AS s
+    UNION ALL
+    SELECT 'rate_limit_admitted', s.tenant_id, s.key, NULL, NULL, s.admitted, NULL
+    FROM orch8.rate_limit_status AS s
+    UNION ALL
+    -- steps waiting on a key that has no bucket (they never run unlimited)
+    SELECT 'rate_limit_waiting', n.tenant_id, n.rate_limit_key::text, NULL, NULL, count(*), NULL
+    FROM orch8.execution_nodes AS n
+    WHERE
+        n.state = 'ready' AND n.deferred_by = 'rate_limit_undefined'
+        AND NOT EXISTS (SELECT 1 FROM orch8.rate_limits AS r
+                        WHERE r.tenant_id = n.tenant_id AND r.key = n.rate_limit_key)
+    GROUP BY n.tenant_id, n.rate_limit_key;
 END
 $$;
 
 COMMENT ON FUNCTION orch8.metrics_snapshot() IS
-'The /metrics aggregates of every tenant, counts only: (metric, tenant, kind, state, '
+'The /metrics aggregates of every tenant, counts only (rate limits: kind is the key): '
+'(metric, tenant, kind, state, '
 'blocking, n, seconds). Owned by orch8_runner (which row-level security does not '
 'confine), so the web role''s scrape sees all tenants: counts only, no row.';

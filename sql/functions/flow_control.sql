@@ -260,10 +260,11 @@ BEGIN
                        * 1000 * r.rate / r.per_ms),
         refilled_at = orch8.now(), updated_by = excluded.updated_by, updated_at = orch8.now()
     RETURNING r.* INTO v_row;
-    -- what waited for this key to be defined looks again now
+    -- what this key deferred looks again now, under the new limit (a raised limit lets
+    -- it run sooner; a key just defined lets it run at all)
     UPDATE orch8.execution_nodes AS n SET next_fire_at = orch8.now()
     WHERE n.tenant_id = p_tenant_id AND n.rate_limit_key = p_key AND n.state = 'ready'
-      AND n.deferred_by = 'rate_limit_undefined';
+      AND n.deferred_by IS NOT NULL AND n.next_fire_at > orch8.now();
     PERFORM pg_notify('orch8_work', '');
     RETURN v_row;
 END
@@ -273,7 +274,8 @@ COMMENT ON FUNCTION orch8.set_rate_limit(text, text, integer, text, integer, tex
 'Define or change the token bucket (p_tenant_id, p_key): p_rate tokens per p_per (a '
 'duration: 1s, 1m, 1h, or milliseconds), holding at most p_burst (default p_rate). A new '
 'bucket starts full; a changed one keeps its tokens (capped to the new burst). Steps '
-'deferred because the key had no bucket become due at once. Bad input: O8008 with DETAIL '
+'the key deferred (no token, or no bucket) become due at once, to be admitted under the '
+'new limit. Bad input: O8008 with DETAIL '
 '{field}. Returns the row; p_actor is recorded (created_by, updated_by).';
 
 CREATE OR REPLACE VIEW orch8.rate_limit_status WITH (security_invoker = true) AS

@@ -14,6 +14,7 @@ from orch8_py.sqlapi.base import NO_OUTPUT
 from ..cursors import InstanceCursor
 from ..fields import (
     DateTime,
+    DeferralReason,
     EffectState,
     IdempotencyKey,
     Identifier,
@@ -120,6 +121,15 @@ class TreeNode(Answer):
     )
     created_at: dt.datetime
     ended_at: dt.datetime | None
+    concurrency_key: str | None = Field(
+        description="the rendered concurrency key the step holds while it runs"
+    )
+    rate_limit_key: str | None = Field(description="the rate limit it takes a token from")
+    deferred_by: DeferralReason | None = Field(
+        description="why a ready step waits past when it was due: rate_limit (no token "
+        "yet: due at next_fire_at, when one will be) or rate_limit_undefined"
+    )
+    deferrals: int = Field(description="how many times a rate limit deferred it")
 
 
 class TreeList(Answer):
