@@ -21,7 +21,7 @@ EFFECT_STATES = ('planned',
 
 EFFECT_KINDS = ('http', 'model', 'message', 'storage', 'custom', 'worker')
 
-WEBHOOK_EVENTS = ('instance.completed', 'instance.failed')
+WEBHOOK_EVENTS = ('instance.completed', 'instance.failed', 'instance.sla_breached')
 
 OUTBOX_STATES = ('pending', 'delivering', 'delivered', 'parked', 'discarded')
 
@@ -196,7 +196,16 @@ SEQUENCE_LANGUAGE = (('definition', 'blocks', True, 'a non-empty array of blocks
   True,
   "a JSON Schema the instance's data must match when it starts"),
  ('definition', 'output_schema', False, 'not supported yet'),
- ('definition', 'sla', False, 'not supported yet'),
+ ('definition',
+  'sla',
+  True,
+  'a duration from when the instance is due to start: not ended by then, it missed its sla (an '
+  'instance.sla_breached webhook; on_sla_breach says what else)'),
+ ('definition',
+  'on_sla_breach',
+  True,
+  'fail (the default: open blocks are withdrawn and the instance fails with code sla, running '
+  'on_failure) or notify (the webhook only; the instance goes on)'),
  ('definition',
   'concurrency_key',
   True,

@@ -26,7 +26,7 @@ SELECT is(
     'effect_kinds: the six kinds in their documented order'
 );
 SELECT is(
-    orch8.webhook_events(), ARRAY['instance.completed', 'instance.failed'],
+    orch8.webhook_events(), ARRAY['instance.completed', 'instance.failed', 'instance.sla_breached'],
     'webhook_events'
 );
 SELECT is(
@@ -53,7 +53,7 @@ SELECT throws_ok(
 SELECT is(
     pg_temp.detail($$SELECT orch8.create_webhook_subscription('t', 'https://x.example', 's',
                        ARRAY['instance.started'])$$),
-    '{"field": "events", "allowed": ["instance.completed", "instance.failed"]}'::jsonb,
+    jsonb_build_object('field', 'events', 'allowed', to_jsonb(orch8.webhook_events())),
     'its DETAIL names the field and the allowed events'
 );
 

@@ -73,7 +73,7 @@ SELECT results_eq(
       FROM orch8.set_webhook_subscription_enabled('tap', pg_temp.id('sub_a'), false)$$,
     $$VALUES (
         pg_temp.id('sub_a'), 'https://hooks.example/a'::text,
-        ARRAY['instance.completed', 'instance.failed']::text[], false, true
+        orch8.webhook_events(), false, true
     )$$,
     'disable answers the subscription, now disabled, changed'
 );

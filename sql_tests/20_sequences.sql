@@ -97,6 +97,7 @@ SELECT bag_eq(
              ('step', 'delay'), ('step', 'send_window'), ('step', 'deadline'),
              ('step', 'on_deadline_breach'),
              ('definition', 'concurrency_key'), ('definition', 'max_concurrency'),
+             ('definition', 'sla'), ('definition', 'on_sla_breach'),
              ('step', 'concurrency_key'), ('step', 'max_concurrency'), ('step', 'rate_limit_key'),
              ('send_window', 'timezone'), ('send_window', 'days'), ('send_window', 'start'),
              ('send_window', 'end'),
@@ -391,13 +392,13 @@ SELECT results_eq(
 
 SELECT results_eq(
     $$SELECT t.path, t.message FROM orch8.sequence_top_problems(
-        '{"id": "x", "name": "n", "version": 1, "owner": "me", "sla": {},
+        '{"id": "x", "name": "n", "version": 1, "owner": "me", "status": {},
           "on_failure": [], "input_schema": {}, "blocks": []}') AS t$$,
     $$VALUES
         ('$.id', 'id is set by create_sequence, not by the document'),
         ('$.name', 'name is set by create_sequence, not by the document'),
         ('$.owner', 'unknown field'),
-        ('$.sla', 'sla is not supported yet'),
+        ('$.status', 'status is not supported yet'),
         ('$.version', 'version is set by create_sequence, not by the document'),
         ('$.blocks', 'blocks must be a non-empty array of blocks'),
         ('$.on_failure', 'on_failure must be a non-empty array of blocks')$$,

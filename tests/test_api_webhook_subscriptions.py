@@ -10,14 +10,14 @@ import uuid
 
 import pytest
 
-from orch8_py import apikeys
+from orch8_py import apikeys, rules
 from tests.runner_helpers import running, wait_for
 from tests.test_api import HELLO, Api, ok, problem
 from web import create_app
 
 ACME, OTHER, ROOT = "acme", "other", "root"
 URL = "https://hooks.acme.example/orch8"
-BOTH = ["instance.completed", "instance.failed"]
+EVERY = list(rules.WEBHOOK_EVENTS)  # the default: every event
 FIELDS = {"id", "url", "events", "enabled", "created_at"}
 
 
@@ -69,10 +69,10 @@ def test_a_generated_secret_is_answered_once_and_never_read_back(conn, api):
     resp = api.post("/webhooks/subscriptions", {"url": URL})
     made = ok(resp, 201)
     assert set(made) == FIELDS | {"secret"}
-    assert (made["url"], made["events"], made["enabled"]) == (URL, BOTH, True)
+    assert (made["url"], made["events"], made["enabled"]) == (URL, EVERY, True)
     secret = made["secret"]
     assert len(secret) >= 43  # secrets.token_urlsafe(32)
-    assert stored(conn) == [(made["id"], URL, secret, BOTH, True)]
+    assert stored(conn) == [(made["id"], URL, secret, EVERY, True)]
 
     listed = api.get("/webhooks/subscriptions")
     assert ok(listed) == {"items": [{k: made[k] for k in FIELDS}]}
@@ -100,10 +100,10 @@ def test_a_given_secret_is_stored_and_not_echoed(conn, api):
         ),
         201,
     )
-    assert second["events"] == BOTH and len(second["secret"]) >= 43
+    assert second["events"] == EVERY and len(second["secret"]) >= 43
     assert stored(conn) == [
         (made["id"], URL, "whsec_given", ["instance.failed"], True),
-        (second["id"], "http://127.0.0.1:9/h", second["secret"], BOTH, True),
+        (second["id"], "http://127.0.0.1:9/h", second["secret"], EVERY, True),
     ]
     items = ok(api.get("/webhooks/subscriptions"))["items"]
     assert [i["id"] for i in items] == [made["id"], second["id"]]  # oldest first
@@ -182,7 +182,7 @@ def test_get_disable_enable(conn, api):
     on = ok(api.post(f"{path}/enable"))
     assert on == view
     assert ok(api.post(f"{path}/enable")) == view
-    assert stored(conn) == [(sid, URL, made["secret"], BOTH, True)]  # url and secret kept
+    assert stored(conn) == [(sid, URL, made["secret"], EVERY, True)]  # url and secret kept
 
     missing = f"/webhooks/subscriptions/{uuid.uuid4()}"
     problem(api.get(missing), 404, "not found")
@@ -231,7 +231,7 @@ def test_auditors_read_but_cannot_write(conn, api, as_role):
     problem(worker.get(path), 403, "forbidden")
     problem(worker.post(f"{path}/disable"), 403, "forbidden")
     problem(Api(api.client).get("/webhooks/subscriptions"), 401, "unauthorized")
-    assert stored(conn) == [(made["id"], URL, made["secret"], BOTH, True)]
+    assert stored(conn) == [(made["id"], URL, made["secret"], EVERY, True)]
 
 
 # --- what a disabled subscription receives -----------------------------------------------

@@ -894,3 +894,66 @@ def test_the_console_lists_what_waits_and_an_operator_answers_there(conn, db_url
         assert "Answer refused" in again.text
     finally:
         app.extensions["orch8.pool"].close()
+
+
+@proves(("definition", "sla"), ("definition", "on_sla_breach"))
+def test_an_instance_sla_fails_it_or_only_notifies(conn, db_url):
+    clock(conn, T0)
+    conn.execute(
+        "SELECT orch8.create_webhook_subscription(%s, 'https://hooks.example/sla', 's',"
+        " ARRAY['instance.sla_breached'])",
+        (TENANT,),
+    )
+    nap = {"type": "sleep", "id": "nap", "duration": "2h"}
+    after = {"type": "step", "id": "after", "handler": "transform", "params": {"value": 1}}
+    strict = sqlapi.sequences.create_sequence(
+        conn,
+        tenant_id=TENANT,
+        namespace="default",
+        name="strict",
+        definition={
+            "sla": "1h",
+            "blocks": [nap, after],
+            "on_failure": [
+                {
+                    "type": "step",
+                    "id": "page",
+                    "handler": "transform",
+                    "params": {"expression": "error.code + ': ' + error.message"},
+                }
+            ],
+        },
+    )["id"]
+    gentle = sqlapi.sequences.create_sequence(
+        conn,
+        tenant_id=TENANT,
+        namespace="default",
+        name="gentle",
+        definition={"sla": "1h", "on_sla_breach": "notify", "blocks": [nap, after]},
+    )["id"]
+    a, b = start(conn, strict), start(conn, gentle)
+    with running(at(db_url, T0 + dt.timedelta(minutes=59, seconds=59)), webhooks=False):
+        time.sleep(0.5)
+    assert [instance(conn, i)[0] for i in (a, b)] == ["waiting", "waiting"]
+    with running(at(db_url, T0 + dt.timedelta(hours=1)), webhooks=False):
+        states = wait_for(conn, [a], ("failed",))
+        for _ in range(100):  # the same sweep marks b; it goes on waiting
+            breached = conn.execute(
+                "SELECT sla_breached_at FROM orch8.task_instances WHERE id = %s", (b,)
+            ).fetchone()[0]
+            if breached is not None:
+                break
+            time.sleep(0.05)
+    assert states[a] == ("failed", "the instance missed its sla of 1h")
+    assert output(conn, a, ".on_failure[0]/page") == {
+        "result": "sla: the instance missed its sla of 1h"
+    }
+    assert tree(conn, a)["nap"] == ("sleep", "cancelled")  # the sleep was withdrawn
+    assert (breached, instance(conn, b)[0]) == (T0 + dt.timedelta(hours=1), "waiting")
+    with running(at(db_url, T0 + dt.timedelta(hours=2)), webhooks=False):
+        wait_for(conn, [b])
+    assert output(conn, b, "after") == {"result": 1}  # notify: it went on to the end
+    events = conn.execute(
+        "SELECT instance_id, event FROM orch8.webhook_outbox ORDER BY id"
+    ).fetchall()
+    assert sorted(events) == sorted([(a, "instance.sla_breached"), (b, "instance.sla_breached")])

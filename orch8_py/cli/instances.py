@@ -146,6 +146,12 @@ def instances_show(args: argparse.Namespace, url: str) -> int:
     lines = [f"instance {inst['id']}  {inst['state']}{requested}"]
     if inst["error"]:
         lines.append(f"  error: {inst['error']}")
+    if found["sla_breached_at"] is not None:
+        lines.append(
+            f"  sla: missed (due by {found['sla_at']}, found at {found['sla_breached_at']})"
+        )
+    elif found["sla_at"] is not None:
+        lines.append(f"  sla: to end by {found['sla_at']}")
     lines.append("  tree:")
     lines += [tree_line(depth, node) for top in tree for depth, node in top.walk()] or [
         "    (nothing started yet)"

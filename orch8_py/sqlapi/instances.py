@@ -20,7 +20,7 @@ SUMMARY = (
     " priority, idempotency_key, parent_instance_id, error, next_fire_at, created_at,"
     " updated_at"
 )
-DETAIL = SUMMARY + ", context, lease_owner, lease_expires_at"
+DETAIL = SUMMARY + ", context, lease_owner, lease_expires_at, sla_at, sla_breached_at"
 
 
 @dataclass(frozen=True)

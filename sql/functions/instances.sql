@@ -94,14 +94,17 @@ BEGIN
     INSERT INTO orch8.task_instances AS t (
         tenant_id, sequence_id, sequence_version, context, next_fire_at, priority,
         parent_instance_id, parent_path, depth, idempotency_key, concurrency_key,
-        max_concurrency
+        max_concurrency, sla_at
     ) VALUES (
         p_tenant_id, v_seq.id, v_seq.version, v_context,
         coalesce(p_next_fire_at, orch8.now()), coalesce(p_priority, 0),
         p_parent_instance_id, p_parent_path, v_depth, p_idempotency_key,
         -- rendered before the id exists: {{ instance_id }} in it is refused by the validator
         orch8.render_key(v_seq.definition ->> 'concurrency_key', v_context, NULL),
-        (v_seq.definition ->> 'max_concurrency')::integer
+        (v_seq.definition ->> 'max_concurrency')::integer,
+        -- the sla counts from when it is due to start
+        coalesce(p_next_fire_at, orch8.now())
+        + orch8.duration_ms(v_seq.definition -> 'sla') * interval '1 millisecond'
     )
     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
     RETURNING t.* INTO v_row;
@@ -243,6 +246,7 @@ BEGIN
     -- timers first, so what they ready is claimed in this very call
     PERFORM orch8.fire_timers(4 * p_batch);
     PERFORM orch8.fire_deadlines(4 * p_batch);  -- before the claim: a step past it fails
+    PERFORM orch8.fire_slas(p_batch);
     -- The instance's row is locked with the node's, and both are skipped when busy: every
     -- other move of a tree locks the instance first (one lock order), and a busy instance
     -- is some other runner's moment. A node whose concurrency key looks full is passed
@@ -299,7 +303,8 @@ $$;
 COMMENT ON FUNCTION orch8.claim_due_nodes(text, integer, interval) IS
 'One round trip for a batch: reclaim up to p_batch expired node leases, fire up to '
 '4 * p_batch due timers (fire_timers: sleeps end, waits time out) and as many passed '
-'step deadlines (fire_deadlines), then claim up to '
+'step deadlines (fire_deadlines), up to p_batch missed instance slas (fire_slas), then '
+'claim up to '
 'p_batch due ready nodes of instances that are not paused (priority, then next_fire_at; '
 'FOR UPDATE SKIP LOCKED, the node''s instance locked with it) that admit_nodes admits '
 '(concurrency keys, rate limits), each with a fresh lease '

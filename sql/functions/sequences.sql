@@ -196,7 +196,12 @@ AS $$
     ('definition', 'input_schema', true,
      'a JSON Schema the instance''s data must match when it starts'),
     ('definition', 'output_schema', false, 'not supported yet'),
-    ('definition', 'sla', false, 'not supported yet'),
+    ('definition', 'sla', true,
+     'a duration from when the instance is due to start: not ended by then, it missed its '
+     'sla (an instance.sla_breached webhook; on_sla_breach says what else)'),
+    ('definition', 'on_sla_breach', true,
+     'fail (the default: open blocks are withdrawn and the instance fails with code sla, '
+     'running on_failure) or notify (the webhook only; the instance goes on)'),
     ('definition', 'concurrency_key', true,
      'a key ({{ data.x }}, {{ config.x }} templates, rendered when the instance is created) '
      'each of its steps that declares none holds while it runs'),
@@ -448,6 +453,18 @@ BEGIN
             RETURN QUERY SELECT '$.' || v_field, v_field || ' must be a non-empty array of blocks';
         END IF;
     END LOOP;
+    IF p_definition ? 'sla' THEN
+        RETURN QUERY SELECT '$.sla', m
+        FROM orch8.duration_problem(p_definition -> 'sla', 'sla') AS m WHERE m IS NOT NULL;
+    END IF;
+    IF p_definition ? 'on_sla_breach' THEN
+        IF NOT coalesce(p_definition ->> 'on_sla_breach' IN ('fail', 'notify')
+                        AND jsonb_typeof(p_definition -> 'on_sla_breach') = 'string', false) THEN
+            RETURN QUERY SELECT '$.on_sla_breach', 'on_sla_breach must be fail or notify';
+        ELSIF NOT p_definition ? 'sla' THEN
+            RETURN QUERY SELECT '$.on_sla_breach', 'on_sla_breach needs an sla';
+        END IF;
+    END IF;
     -- a definition's key is rendered before the instance has an id
     RETURN QUERY SELECT * FROM orch8.flow_control_problems(p_definition, '$', ARRAY['data', 'config']);
     IF p_definition ? 'input_schema' AND jsonb_typeof(p_definition -> 'input_schema') <> 'object'
@@ -461,7 +478,7 @@ COMMENT ON FUNCTION orch8.sequence_top_problems(jsonb) IS
 'Problems of a definition''s top level: fields the language does not accept; blocks '
 'missing, empty or not an array, or more than sequence_blocks at every depth; '
 'concurrency_key and max_concurrency (flow_control_problems, templates over data and '
-'config); on_failure '
+'config); sla (a duration) and on_sla_breach (fail or notify, with an sla); on_failure '
 'and on_cancel not non-empty arrays; input_schema not an object (its being a JSON Schema '
 'is checked by orch8_py before storing).';
 

@@ -286,6 +286,98 @@ COMMENT ON FUNCTION orch8.fire_deadlines(integer) IS
 'instances), audited as the timer''s. Returns how many. claim_due_nodes runs it before '
 'it claims.';
 
+-- An instance's sla ----------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION orch8.breach_sla(p_inst orch8.task_instances)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_definition jsonb;
+    v_root orch8.execution_nodes;
+    v_error text;
+BEGIN
+    SELECT s.definition INTO v_definition FROM orch8.sequences AS s
+    WHERE s.tenant_id = p_inst.tenant_id AND s.id = p_inst.sequence_id;
+    v_error := format('the instance missed its sla of %s', v_definition ->> 'sla');
+    UPDATE orch8.task_instances AS t SET sla_breached_at = orch8.now()
+    WHERE t.tenant_id = p_inst.tenant_id AND t.id = p_inst.id;
+    INSERT INTO orch8.webhook_outbox (tenant_id, subscription_id, event, instance_id, payload)
+    SELECT s.tenant_id, s.id, 'instance.sla_breached', p_inst.id,
+           jsonb_build_object(
+               'event', 'instance.sla_breached',
+               'tenant_id', p_inst.tenant_id,
+               'instance_id', p_inst.id,
+               'state', p_inst.state::text,
+               'reason', v_error,
+               'sla', v_definition -> 'sla',
+               'sla_at', to_char(p_inst.sla_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+               'at', to_char(orch8.now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+               'sequence_id', p_inst.sequence_id,
+               'sequence_version', p_inst.sequence_version)
+    FROM orch8.webhook_subscriptions AS s
+    WHERE s.tenant_id = p_inst.tenant_id AND s.enabled
+      AND 'instance.sla_breached' = ANY (s.events)
+    ORDER BY s.created_at, s.id;
+    IF found THEN
+        PERFORM pg_notify('orch8_webhooks', '');
+    END IF;
+    v_root := orch8.lock_node(p_inst.tenant_id, p_inst.id, '');
+    IF coalesce(v_definition ->> 'on_sla_breach', 'fail') <> 'fail'
+       OR v_root.state IN ('completed', 'failed', 'skipped', 'cancelled') THEN
+        RETURN;  -- notify only, or the root ended already (its on_failure or on_cancel runs)
+    END IF;
+    -- as a parallel does for a failed branch: what has not been dispatched is withdrawn,
+    -- a step in flight finishes and records its outcome; the root fails with code sla
+    PERFORM orch8.record_block_output(p_inst.tenant_id, p_inst.id, '', 0, '__error__',
+        jsonb_build_object('error', v_error, 'code', 'sla'), false, NULL, NULL);
+    PERFORM orch8.cancel_subtree(p_inst, c.path, v_error)
+    FROM orch8.execution_nodes AS c
+    WHERE c.tenant_id = p_inst.tenant_id AND c.instance_id = p_inst.id AND c.parent_path = ''
+      AND c.state NOT IN ('completed', 'failed', 'skipped', 'cancelled');
+    PERFORM orch8.end_node(p_inst, '', 'failed', NULL, v_error, NULL);
+END
+$$;
+
+COMMENT ON FUNCTION orch8.breach_sla(orch8.task_instances) IS
+'An instance (locked by the caller) missed its sla: sla_breached_at is set, one '
+'instance.sla_breached outbox row per enabled subscription that wants it; with '
+'on_sla_breach fail (the default) and its root still open, its open blocks are cancelled '
+'(a step in flight finishes first) and the root fails with code sla (an __error__ row), '
+'which starts on_failure. Internal helper of fire_slas.';
+
+CREATE OR REPLACE FUNCTION orch8.fire_slas(p_limit integer DEFAULT 100)
+RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_inst orch8.task_instances;
+    v_count integer := 0;
+BEGIN
+    -- A paused instance is looked at again once it resumes (it stays in the index).
+    FOR v_inst IN
+        SELECT t.* FROM orch8.task_instances AS t
+        WHERE t.sla_at <= orch8.now() AND t.sla_at IS NOT NULL AND t.sla_breached_at IS NULL
+          AND t.state IN ('scheduled', 'running', 'waiting')
+          AND t.requested_state IS NULL
+        ORDER BY t.sla_at
+        LIMIT greatest(p_limit, 0)
+        FOR UPDATE OF t SKIP LOCKED
+    LOOP
+        PERFORM orch8.breach_sla(v_inst);
+        PERFORM orch8.sync_instance(v_inst.tenant_id, v_inst.id, 'timer', 'sla missed');
+        v_count := v_count + 1;
+    END LOOP;
+    RETURN v_count;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.fire_slas(integer) IS
+'Bounded sweep: up to p_limit instances past their sla_at that have not ended, are not '
+'paused and have no pause or cancel asked (FOR UPDATE SKIP LOCKED, the earliest first) '
+'go through breach_sla, the instance following (sync_instance, actor timer, reason '
+'"sla missed"). Returns how many. claim_due_nodes runs it before it claims.';
+
 -- Starting a wait ------------------------------------------------------------------------
 
 CREATE OR REPLACE FUNCTION orch8.start_wait(

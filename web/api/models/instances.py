@@ -74,6 +74,8 @@ class Instance(InstanceSummary):
     context: dict[str, Any] = Field(description="{data, config, runtime}")
     lease_owner: str | None
     lease_expires_at: dt.datetime | None
+    sla_at: dt.datetime | None = Field(description="when it must have ended (its sla), or null")
+    sla_breached_at: dt.datetime | None = Field(description="when it was found past its sla")
 
 
 class InstanceCreated(Instance):
