@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -256,3 +257,97 @@ def test_the_instance_page_draws_the_execution_tree(browser, server, db_url, con
     assert browser.find_elements(By.ID, "retry"), "the blocked branch can be retried"
     shot = tmp_path / "execution-tree.png"
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 0
+
+
+@pytest.mark.timeout(120)
+def test_waiting_schedules_and_a_deferred_step_in_a_real_browser(
+    browser, server, db_url, conn, tmp_path
+):
+    """The console's Waiting page says what each instance waits for and until when, and an
+    operator answers a question there; the Schedules page pauses and resumes a schedule;
+    the instance page says a step is deferred by a rate limit."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from orch8_py import sqlapi
+    from tests.runner_helpers import make_sequence, running, start, wait_for
+    from tests.test_waits import approval_sequence, waiting_input
+
+    asking = start(conn, approval_sequence(conn), {"amount": 5, "who": "Ann"})
+    sleeper = start(conn, make_sequence(conn, [{"type": "sleep", "id": "nap", "duration": "1h"}]))
+    conn.execute("SELECT orch8.set_rate_limit('t1', 'partner', 1, '1h')")
+    limited = make_sequence(
+        conn, [{"type": "step", "id": "call", "handler": "noop", "rate_limit_key": "partner"}]
+    )
+    calls = [start(conn, limited), start(conn, limited)]
+    sqlapi.sequences.create_sequence(
+        conn,
+        tenant_id="t1",
+        namespace="default",
+        name="job",
+        definition={"blocks": [{"type": "step", "id": "a", "handler": "noop"}]},
+    )
+    sqlapi.schedules.create_schedule(
+        conn, tenant_id="t1", name="nightly", sequence_name="job", cron="30 2 * * *"
+    )
+    _, secret = apikeys.create(conn, "t1", "operator", "alice")
+    wait = WebDriverWait(browser, 15)
+    with running(db_url):
+        waiting_input(conn, asking)
+        wait_for(conn, [sleeper], ("waiting",))
+        browser.get(server + "/console/login")
+        wait.until(ec.presence_of_element_located((By.ID, "api_key"))).send_keys(secret)
+        browser.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+        wait.until(ec.presence_of_element_located((By.ID, "queue-depth")))
+
+        browser.find_element(By.CSS_SELECTOR, "nav a[href$='/console/waiting']").click()
+        count = wait.until(ec.presence_of_element_located((By.ID, "waiting-count")))
+        assert count.get_attribute("data-count") == "2", browser.page_source
+        items = {
+            a.get_attribute("data-waiting-for"): a
+            for a in browser.find_elements(By.CSS_SELECTOR, "article.waiting")
+        }
+        assert items["input"].find_element(By.CSS_SELECTOR, ".prompt").text == "Refund 5 to Ann?"
+        assert items["time"].get_attribute("data-instance") == str(sleeper)
+        assert "Sleeps until" in items["time"].text
+        assert items["time"].find_element(By.CSS_SELECTOR, "time.until").get_attribute("datetime")
+        browser.save_screenshot(str(tmp_path / "waiting.png"))
+        items["input"].find_element(By.CSS_SELECTOR, "input[name=comment]").send_keys("ok by me")
+        items["input"].find_element(By.CSS_SELECTOR, "button.answer[value=approve]").click()
+        flash = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".flash.ok")))
+        assert "Answered approve: approve." in flash.text
+        assert wait_for(conn, [asking])[asking][0] == "completed"
+        answered = sqlapi.instances.waiting_nodes(conn, tenant_id="t1", instance_id=asking)
+        assert answered == []
+
+        deferred = None
+        for _ in range(200):  # one call takes the bucket's token, the other is deferred
+            deferred = conn.execute(
+                "SELECT instance_id FROM orch8.execution_nodes WHERE instance_id = ANY(%s)"
+                " AND deferred_by = 'rate_limit'",
+                (calls,),
+            ).fetchone()
+            if deferred:
+                break
+            time.sleep(0.05)
+        assert deferred, "no call was deferred"
+        deferred = deferred[0]
+        browser.get(f"{server}/console/instances/{deferred}")
+        tree = wait.until(ec.presence_of_element_located((By.ID, "execution-tree")))
+        call = tree.find_element(By.CSS_SELECTOR, "li[data-path='call']")
+        assert "deferred by rate limit partner until" in call.text, call.text
+
+    browser.find_element(By.CSS_SELECTOR, "nav a[href$='/console/schedules']").click()
+    pause = wait.until(ec.presence_of_element_located((By.ID, "pause-nightly")))
+    assert "30 2 * * *" in browser.page_source
+    pause.click()
+    flash = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".flash.ok")))
+    assert "Paused: no fire until it is resumed." in flash.text
+    state = "SELECT state FROM orch8.schedules WHERE tenant_id = 't1' AND name = 'nightly'"
+    assert conn.execute(state).fetchone() == ("paused",)
+    wait.until(ec.presence_of_element_located((By.ID, "resume-nightly"))).click()
+    wait.until(ec.presence_of_element_located((By.ID, "pause-nightly")))
+    assert "Resumed: the next fire is counted from now" in browser.page_source
+    assert conn.execute(state).fetchone() == ("active",)
+    browser.save_screenshot(str(tmp_path / "schedules.png"))
