@@ -118,38 +118,53 @@ AS $$
 DECLARE
     v_keep boolean [] := array_fill(true, ARRAY[cardinality(p_nodes)]);
     v_key record;
-    v_held integer;
-    v_slot record;
+    v_over integer [];
     v_pos integer;
     v_take record;
 BEGIN
-    -- Concurrency first (a token is taken only by a node that will run). Per key, in key
-    -- order (one lock order, no deadlock between claimers): the key's advisory lock, then
-    -- its leased holders counted in a statement that starts after the lock, so it sees
-    -- every lease that a claimer holding the lock before us committed.
-    FOR v_key IN
-        SELECT (p_nodes[i]).tenant_id, (p_nodes[i]).concurrency_key AS key,
-               min((p_nodes[i]).max_concurrency) AS allowed
-        FROM generate_subscripts(p_nodes, 1) AS i
-        WHERE (p_nodes[i]).concurrency_key IS NOT NULL
-        GROUP BY 1, 2
-        ORDER BY 1, 2
-    LOOP
-        PERFORM pg_advisory_xact_lock(
-            hashtextextended('orch8.concurrency:' || v_key.tenant_id || ':' || v_key.key, 0));
-        SELECT count(*) INTO v_held FROM orch8.execution_nodes AS n
-        WHERE n.tenant_id = v_key.tenant_id AND n.concurrency_key = v_key.key
-          AND n.lease_token IS NOT NULL;
-        -- the first (allowed - held) of the key, in the given order, go on
-        FOR v_slot IN
-            SELECT i, row_number() OVER (ORDER BY i) AS rank
+    -- Concurrency first (a token is taken only by a node that will run). Three
+    -- statements whatever the number of keys: the keys' advisory locks, taken in key
+    -- order (one lock order for every claimer, so no deadlock); then, in a statement that
+    -- starts after them (so it sees every lease that a claimer holding a lock before us
+    -- committed), each key's leased nodes counted and the first (allowed - held) of its
+    -- candidates, in the given order, kept.
+    IF EXISTS (SELECT 1 FROM unnest(p_nodes) AS c WHERE c.concurrency_key IS NOT NULL) THEN
+        PERFORM pg_advisory_xact_lock(k.lock)
+        FROM (
+            SELECT DISTINCT hashtextextended(
+                'orch8.concurrency:' || c.tenant_id || ':' || c.concurrency_key, 0) AS lock
+            FROM unnest(p_nodes) AS c
+            WHERE c.concurrency_key IS NOT NULL
+            ORDER BY 1
+        ) AS k;
+        WITH candidate AS (
+            SELECT i, (p_nodes[i]).tenant_id AS tenant_id,
+                   (p_nodes[i]).concurrency_key AS key,
+                   row_number() OVER (PARTITION BY (p_nodes[i]).tenant_id,
+                                                   (p_nodes[i]).concurrency_key
+                                      ORDER BY i) AS rank,
+                   min((p_nodes[i]).max_concurrency) OVER (
+                       PARTITION BY (p_nodes[i]).tenant_id, (p_nodes[i]).concurrency_key
+                   ) AS allowed
             FROM generate_subscripts(p_nodes, 1) AS i
-            WHERE (p_nodes[i]).tenant_id = v_key.tenant_id
-              AND (p_nodes[i]).concurrency_key = v_key.key
-        LOOP
-            v_keep[v_slot.i] := v_slot.rank <= v_key.allowed - v_held;
+            WHERE (p_nodes[i]).concurrency_key IS NOT NULL
+        ),
+        held AS (
+            SELECT n.tenant_id, n.concurrency_key AS key, count(*) AS held
+            FROM orch8.execution_nodes AS n
+            WHERE n.lease_token IS NOT NULL AND n.concurrency_key IS NOT NULL
+              AND (n.tenant_id, n.concurrency_key) IN (SELECT c.tenant_id, c.key
+                                                       FROM candidate AS c)
+            GROUP BY 1, 2
+        )
+        SELECT array_agg(c.i) INTO v_over
+        FROM candidate AS c
+        LEFT JOIN held AS h ON h.tenant_id = c.tenant_id AND h.key = c.key
+        WHERE c.rank > c.allowed - coalesce(h.held, 0);
+        FOREACH v_pos IN ARRAY coalesce(v_over, '{}') LOOP
+            v_keep[v_pos] := false;
         END LOOP;
-    END LOOP;
+    END IF;
     -- Then rate limits, per key in key order: as many nodes as the bucket has tokens; the
     -- rest deferred, the k-th of them to when the k-th next token will be there
     FOR v_key IN
