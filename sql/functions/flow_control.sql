@@ -216,7 +216,8 @@ $$;
 
 COMMENT ON FUNCTION orch8.admit_nodes(orch8.execution_nodes[]) IS
 'Of ready nodes about to be leased (locked by the caller), the ones that may be: per '
-'concurrency key (key order, under its transaction advisory lock) as many as the '
+'concurrency key (every key''s transaction advisory lock taken first, sorted by hash) '
+'as many as the '
 'smallest max_concurrency among them leaves beside the key''s leased nodes of the tenant, '
 'in the given order; '
 'of those, per rate_limit_key (key order, take_rate_tokens) as many as the bucket has '
