@@ -305,15 +305,12 @@ BEGIN
     FROM orch8.instance_transitions AS x
     WHERE x.actor = 'lease-sweep'
     UNION ALL
-    -- per rate limit: steps deferred now, and the bucket's counters
-    SELECT 'rate_limit_waiting', s.tenant_id, s.key, NULL, NULL, s.waiting, NULL
+    -- per rate limit, one read of each: steps deferred now, and the bucket's counters
+    SELECT m.metric, s.tenant_id, s.key, NULL, NULL, m.n, NULL
     FROM orch8.rate_limit_status AS s
-    UNION ALL
-    SELECT 'rate_limit_deferred', s.tenant_id, s.key, NULL, NULL, s.deferred, NULL
-    FROM orch8.rate_limit_status AS s
-    UNION ALL
-    SELECT 'rate_limit_admitted', s.tenant_id, s.key, NULL, NULL, s.admitted, NULL
-    FROM orch8.rate_limit_status AS s
+    CROSS JOIN LATERAL (VALUES ('rate_limit_waiting', s.waiting),
+                               ('rate_limit_deferred', s.deferred),
+                               ('rate_limit_admitted', s.admitted)) AS m (metric, n)
     UNION ALL
     -- steps waiting on a key that has no bucket (they never run unlimited)
     SELECT 'rate_limit_waiting', n.tenant_id, n.rate_limit_key::text, NULL, NULL, count(*), NULL

@@ -73,6 +73,23 @@ COMMENT ON FUNCTION orch8.render_key(text, jsonb, uuid) IS
 
 -- Admission -----------------------------------------------------------------------------
 
+CREATE OR REPLACE FUNCTION orch8.rate_limit_tokens(p_bucket orch8.rate_limits)
+RETURNS double precision
+LANGUAGE sql
+STABLE
+AS $$
+    SELECT least(
+        p_bucket.burst::double precision,
+        p_bucket.tokens + greatest(extract(EPOCH FROM orch8.now() - p_bucket.refilled_at), 0)
+        * 1000 * p_bucket.rate / p_bucket.per_ms
+    )
+$$;
+
+COMMENT ON FUNCTION orch8.rate_limit_tokens(orch8.rate_limits) IS
+'The tokens a bucket holds at orch8.now(): what it held at refilled_at, refilled at rate '
+'per per_ms for the time since, at most burst. The one refill rule (take_rate_tokens, '
+'set_rate_limit and rate_limit_status read it).';
+
 CREATE OR REPLACE FUNCTION orch8.take_rate_tokens(
     p_tenant_id text, p_key text, p_wanted integer
 )
@@ -91,9 +108,7 @@ BEGIN
         RETURN QUERY SELECT 0, NULL::double precision, NULL::double precision;
         RETURN;
     END IF;
-    v_available := least(v_bucket.burst::double precision,
-        v_bucket.tokens + greatest(extract(epoch FROM orch8.now() - v_bucket.refilled_at), 0)
-                          * 1000 * v_bucket.rate / v_bucket.per_ms);
+    v_available := orch8.rate_limit_tokens(v_bucket);
     v_granted := least(p_wanted, floor(v_available)::integer);
     UPDATE orch8.rate_limits AS r
     SET tokens = v_available - v_granted, refilled_at = orch8.now(),
@@ -271,9 +286,7 @@ BEGIN
     )
     ON CONFLICT (tenant_id, key) DO UPDATE
     SET rate = excluded.rate, per_ms = excluded.per_ms, burst = excluded.burst,
-        tokens = least(excluded.burst::double precision,
-            r.tokens + greatest(extract(epoch FROM orch8.now() - r.refilled_at), 0)
-                       * 1000 * r.rate / r.per_ms),
+        tokens = least(excluded.burst::double precision, orch8.rate_limit_tokens(r)),
         refilled_at = orch8.now(), updated_by = excluded.updated_by, updated_at = orch8.now()
     RETURNING r.* INTO v_row;
     -- what this key deferred looks again now, under the new limit (a raised limit lets
@@ -301,11 +314,7 @@ SELECT
     r.rate,
     r.per_ms,
     r.burst,
-    least(
-        r.burst::double precision,
-        r.tokens + greatest(extract(EPOCH FROM orch8.now() - r.refilled_at), 0)
-        * 1000 * r.rate / r.per_ms
-    ) AS tokens_now,
+    orch8.rate_limit_tokens(r) AS tokens_now,
     r.admitted,
     r.deferred,
     (
@@ -363,7 +372,7 @@ BEGIN
     END IF;
     IF p_object ? 'rate_limit_key' AND NOT coalesce(
            jsonb_typeof(p_object -> 'rate_limit_key') = 'string'
-           AND p_object ->> 'rate_limit_key' ~ '^[A-Za-z0-9_.-]{1,100}$', false) THEN
+           AND orch8.fits_domain(p_object ->> 'rate_limit_key', 'orch8.identifier'), false) THEN
         RETURN QUERY SELECT p_path || '.rate_limit_key',
             'rate_limit_key must be a key of 1 to 100 of A-Z a-z 0-9 _ . - (no templates), '
             'defined per tenant with orch8.set_rate_limit';
