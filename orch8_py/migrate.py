@@ -148,6 +148,13 @@ def check_schema(conn: psycopg.Connection) -> Status:
             f"applied migration {st.edited[0]} differs from the file this build ships; "
             "versioned migrations are immutable: restore the file or reinstall orch8-py"
         )
+    if st.pending and st.database_version == st.known_version:
+        # only repeatable function files differ: say which, not "version 18 needs 18"
+        raise SchemaMismatch(
+            f"the database schema is at version {st.database_version}, but "
+            f"{len(st.pending)} function file(s) changed since it was migrated "
+            f"({', '.join(m.name for m in st.pending[:3])}): run `orch8 db migrate`"
+        )
     if st.pending:
         raise SchemaMismatch(
             f"the database schema is at version {st.database_version}, this orch8 needs "

@@ -117,6 +117,17 @@ def test_older_schema_asks_for_migrate(empty_db_url):
         assert_one_line_error(proc, "run `orch8 db migrate`")
 
 
+def test_a_changed_function_file_is_named_not_a_version(db_url):
+    with psycopg.connect(db_url, autocommit=True) as c:
+        c.execute("UPDATE orch8.schema_migrations SET checksum = 'x' WHERE name = 'limits.sql'")
+        with pytest.raises(SchemaMismatch) as refused:
+            migrate.check_schema(c)
+    assert str(refused.value) == (
+        f"the database schema is at version {migrate.known_version(migrate.discover())}, but 1"
+        " function file(s) changed since it was migrated (limits.sql): run `orch8 db migrate`"
+    )
+
+
 def test_status_command(empty_db_url):
     env = orch8_env(ORCH8_DATABASE_URL=empty_db_url)
     proc = run_orch8("db", "status", env=env)
