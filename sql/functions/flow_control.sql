@@ -162,12 +162,15 @@ BEGIN
                        PARTITION BY (p_nodes[i]).tenant_id, (p_nodes[i]).concurrency_key
                    ) AS allowed
             FROM generate_subscripts(p_nodes, 1) AS i
+            -- a node deciding on its worker task's failure holds its slot already
             WHERE (p_nodes[i]).concurrency_key IS NOT NULL
+              AND (p_nodes[i]).worker_task_id IS NULL
         ),
         held AS (
             SELECT n.tenant_id, n.concurrency_key AS key, count(*) AS held
             FROM orch8.execution_nodes AS n
-            WHERE n.lease_token IS NOT NULL AND n.concurrency_key IS NOT NULL
+            WHERE (n.lease_token IS NOT NULL OR n.worker_task_id IS NOT NULL)
+              AND n.concurrency_key IS NOT NULL
               AND (n.tenant_id, n.concurrency_key) IN (SELECT c.tenant_id, c.key
                                                        FROM candidate AS c)
             GROUP BY 1, 2
@@ -187,6 +190,8 @@ BEGIN
                count(*)::integer AS wanted
         FROM generate_subscripts(p_nodes, 1) AS i
         WHERE (p_nodes[i]).rate_limit_key IS NOT NULL AND v_keep[i]
+          -- a decision on a worker task's failure took its token when it was dispatched
+          AND (p_nodes[i]).worker_task_id IS NULL
         GROUP BY 1, 2
         ORDER BY 1, 2
     LOOP
@@ -207,6 +212,7 @@ BEGIN
             FROM generate_subscripts(p_nodes, 1) AS i
             WHERE (p_nodes[i]).tenant_id = v_key.tenant_id
               AND (p_nodes[i]).rate_limit_key = v_key.key AND v_keep[i]
+                  AND (p_nodes[i]).worker_task_id IS NULL
         ) AS s
         WHERE s.rank > v_take.granted
           AND n.tenant_id = (p_nodes[s.i]).tenant_id
@@ -218,6 +224,7 @@ BEGIN
                 FROM generate_subscripts(p_nodes, 1) AS i
                 WHERE (p_nodes[i]).tenant_id = v_key.tenant_id
                   AND (p_nodes[i]).rate_limit_key = v_key.key AND v_keep[i]
+                  AND (p_nodes[i]).worker_task_id IS NULL
             ) AS s
             WHERE s.rank > v_take.granted
         LOOP

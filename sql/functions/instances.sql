@@ -243,6 +243,7 @@ BEGIN
             USING ERRCODE = 'O8008';
     END IF;
     PERFORM orch8.reclaim_expired_leases(p_batch);
+    PERFORM orch8.sweep_worker_tasks(p_batch);  -- workers' leases and timeouts
     -- timers first, so what they ready is claimed in this very call
     PERFORM orch8.fire_timers(4 * p_batch);
     PERFORM orch8.fire_deadlines(4 * p_batch);  -- before the claim: a step past it fails
@@ -259,10 +260,11 @@ BEGIN
         WHERE n.state = 'ready' AND n.next_fire_at <= orch8.now()
           AND t.state IN ('scheduled', 'running', 'waiting')
           AND t.requested_state IS DISTINCT FROM 'paused'
-          AND (n.concurrency_key IS NULL OR n.max_concurrency > (
-              SELECT count(*) FROM orch8.execution_nodes AS h
-              WHERE h.tenant_id = n.tenant_id AND h.concurrency_key = n.concurrency_key
-                AND h.lease_token IS NOT NULL))
+          AND (n.concurrency_key IS NULL OR n.worker_task_id IS NOT NULL
+               OR n.max_concurrency > (
+                   SELECT count(*) FROM orch8.execution_nodes AS h
+                   WHERE h.tenant_id = n.tenant_id AND h.concurrency_key = n.concurrency_key
+                     AND (h.lease_token IS NOT NULL OR h.worker_task_id IS NOT NULL)))
         ORDER BY n.priority DESC, n.next_fire_at
         LIMIT p_batch
         FOR UPDATE OF n, t SKIP LOCKED
@@ -650,7 +652,8 @@ RETURNS TABLE (
     parent_instance_id uuid,
     lease_token uuid,
     progress jsonb,
-    context_version integer
+    context_version integer,
+    worker_result jsonb
 )
 LANGUAGE plpgsql
 AS $$
@@ -670,7 +673,14 @@ BEGIN
         c.position, c.items ->> 'asking', c.child_instance_id,
         orch8.node_vars(c.tenant_id, c.instance_id, c.path),
         t.parent_instance_id, c.lease_token, orch8.instance_progress(c.tenant_id, c.instance_id),
-        t.context_version
+        t.context_version,
+        CASE WHEN c.worker_task_id IS NOT NULL THEN (
+            SELECT jsonb_build_object('task_id', w.id, 'effect_id', w.effect_id,
+                                      'result', w.result, 'error', w.error,
+                                      'code', w.error_code, 'retryable', w.retryable,
+                                      'evidence', w.evidence, 'state', w.state)
+            FROM orch8.worker_tasks AS w
+            WHERE w.tenant_id = c.tenant_id AND w.id = c.worker_task_id) END
     FROM unnest(v_claimed) AS c
     JOIN orch8.task_instances AS t ON t.tenant_id = c.tenant_id AND t.id = c.instance_id;
 END
@@ -684,4 +694,6 @@ COMMENT ON FUNCTION orch8.claim_work(text, integer, interval) IS
 'instance, its variables (node_vars) and the outputs of the whole instance, so a batch '
 'costs one round trip and the steps that follow need no further reads. The attempt and '
 'outputs are read after the claim, in a statement of their own, so they include what '
-'the transaction that readied the node wrote.';
+'the transaction that readied the node wrote. worker_result, for a step whose worker '
+'task failed or timed out (its node ready for the runner''s decision): the task''s id, '
+'effect id, result, error, code, retryable, evidence and state, for finish_step.';

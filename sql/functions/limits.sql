@@ -51,7 +51,15 @@ AS $$
      'a sleep''s duration, a step''s delay, a wait''s timeout (366 days)'),
     ('bulk_batch', 1000, 'instances', 'the instances one bulk_apply call acts on'),
     ('max_concurrency', 100000, 'steps',
-     'a concurrency key''s max_concurrency (steps of a tenant holding it at once)')
+     'a concurrency key''s max_concurrency (steps of a tenant holding it at once)'),
+    ('worker_poll_wait_ms', 60000, 'milliseconds',
+     'how long a worker''s long-poll may wait for a task'),
+    ('worker_poll_tasks', 100, 'tasks', 'the tasks (and verifications) one poll may claim'),
+    ('worker_poll_handlers', 100, 'handlers', 'the handlers (or verifiers) one poll names'),
+    ('worker_lease_ms', 600000, 'milliseconds',
+     'the lease a worker''s claim asks for (each heartbeat extends it by as much)'),
+    ('worker_checkpoint_bytes', 65536, 'bytes',
+     'the checkpoint a worker saves with a heartbeat (JSON text)')
 $$;
 
 COMMENT ON FUNCTION orch8.limits() IS

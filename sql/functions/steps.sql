@@ -148,7 +148,8 @@ CREATE OR REPLACE FUNCTION orch8.begin_step(
     p_block_id text,
     p_handler text,
     p_params jsonb,
-    p_attempt integer
+    p_attempt integer,
+    p_not_runnable text DEFAULT NULL
 )
 RETURNS orch8.effect_outcome
 LANGUAGE plpgsql
@@ -158,6 +159,7 @@ DECLARE
     v_last orch8.block_outputs;
     v_inst orch8.task_instances;
     v_node orch8.execution_nodes;
+    v_worker orch8.worker_handlers;
 BEGIN
     v_inst := orch8.lock_leased_instance(p_tenant_id, p_instance_id, p_lease_token);
     -- The same claim asking again (its first answer was lost with the connection): the
@@ -198,6 +200,17 @@ BEGIN
                    orch8.sync_instance(p_tenant_id, p_instance_id, 'runner')::text,
                    NULL)::orch8.effect_outcome;
     END IF;
+    -- A handler registered for external workers is theirs, whatever the caller has loaded
+    SELECT * INTO v_worker FROM orch8.worker_handlers AS w
+    WHERE w.tenant_id = p_tenant_id AND w.handler = p_handler;
+    IF v_worker.handler IS NULL AND p_not_runnable IS NOT NULL THEN
+        -- nobody can run it: the step fails before any receipt
+        PERFORM orch8.fail_step(p_tenant_id, p_instance_id, p_lease_token, p_block_id,
+            p_attempt, NULL, jsonb_build_object('error', p_not_runnable), p_not_runnable);
+        RETURN ROW('stopped', NULL, NULL, NULL, p_block_id, p_attempt, NULL, NULL,
+                   orch8.sync_instance(p_tenant_id, p_instance_id, 'runner')::text,
+                   NULL)::orch8.effect_outcome;
+    END IF;
     v_out := orch8.begin_effect(p_tenant_id, p_instance_id, p_block_id, p_handler, p_params,
                                 p_attempt);
     IF v_out.outcome IS NULL THEN
@@ -206,6 +219,12 @@ BEGIN
     IF v_out.outcome = 'dispatched' THEN
         PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_block_id, p_attempt,
             '__in_progress__', NULL, NULL, v_out.effect_id, p_lease_token);
+        IF v_worker.handler IS NOT NULL THEN
+            v_out.detail := format('worker task %s queued for handler %s',
+                orch8.dispatch_worker_task(v_inst, v_node, v_worker, v_out, p_params),
+                p_handler);
+            v_out.outcome := 'queued';
+        END IF;
         RETURN v_out;
     END IF;
     IF v_out.outcome = 'blocked' AND v_out.state = 'unknown' THEN
@@ -232,9 +251,14 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION orch8.begin_step(text, uuid, uuid, text, text, jsonb, integer) IS
+COMMENT ON FUNCTION orch8.begin_step(text, uuid, uuid, text, text, jsonb, integer, text) IS
 'Before a handler runs, in one call: check the lease (O8001), begin_effect, and on '
-'dispatched append the __in_progress__ sentinel with the effect id. Blocked on an unknown '
+'dispatched append the __in_progress__ sentinel with the effect id. A handler registered '
+'for external workers (worker_handlers) is dispatched to them in the same transaction '
+'(dispatch_worker_task: a queued task, the node waiting without a lease): outcome '
+'queued, detail naming the task. p_not_runnable (why the caller cannot run the handler '
+'itself): when no worker serves it either, the step fails with that reason before any '
+'receipt (outcome stopped). Blocked on an unknown '
 'receipt (an earlier run of this attempt may have sent): await_settlement (__unsettled__, '
 'the verifier or an operator). Otherwise blocked, stale or duplicate: append __error__ '
 '(retryable false) and fail the instance in the same transaction; the outcome is '
@@ -406,6 +430,149 @@ COMMENT ON FUNCTION orch8.keep_lost_receipts(jsonb) IS
 '(outcome recorded) and per item it could not handle (outcome: the SQLSTATE and message), '
 'none for receipts that exist; each item runs in its own subtransaction.';
 
+CREATE OR REPLACE FUNCTION orch8.record_step_result(
+    p_inst orch8.task_instances,
+    p_node orch8.execution_nodes,
+    p_attempt integer,
+    p_effect_id uuid,
+    p_result text,
+    p_output jsonb,
+    p_error text,
+    p_retry_in interval,
+    p_error_code text,
+    p_lease_token uuid,
+    p_settled orch8.effect_outcome DEFAULT NULL
+)
+RETURNS text
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_tenant text := p_inst.tenant_id;
+    v_instance uuid := p_inst.id;
+    v_path text := p_node.path;
+    v_settled orch8.effect_outcome := p_settled;
+    v_retry_in interval;
+    v_reason text;
+BEGIN
+    IF p_effect_id IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM orch8.effect_receipts AS r
+         WHERE r.tenant_id = v_tenant AND r.id = p_effect_id) THEN
+        -- The receipt written before dispatch is gone, yet the handler ran: record it
+        -- unknown with what the handler answered, and wait for it to be settled.
+        PERFORM orch8.recover_lost_receipt(v_tenant, v_instance, v_path, p_attempt,
+                                           p_effect_id, p_result, p_output, p_error);
+        v_reason := format('EffectBlocked: receipt %s was lost with the primary; recovered '
+                           'as unknown', p_effect_id);
+        PERFORM orch8.await_settlement(v_tenant, v_instance, p_lease_token,
+            v_path, p_attempt, p_effect_id, v_reason);
+        RETURN v_reason;
+    END IF;
+    IF p_effect_id IS NOT NULL AND v_settled.outcome IS NULL THEN
+        PERFORM orch8.require_own_receipt(v_tenant, p_effect_id, v_instance, v_path, p_attempt);
+        v_settled := CASE
+            WHEN p_result IN ('ok', 'invalid_output')
+            THEN orch8.commit_effect(v_tenant, p_effect_id, p_output)
+            WHEN p_result = 'error'
+            THEN orch8.mark_effect_unknown(v_tenant, p_effect_id, p_error)
+            ELSE orch8.abandon_effect_not_applied(
+                v_tenant, p_effect_id,
+                coalesce(nullif(p_output, '{}'::jsonb),
+                         jsonb_build_object('error', coalesce(p_error, 'not applied'))))
+        END;
+    END IF;
+    IF v_settled.outcome = 'stale' THEN
+        -- someone moved our receipt (an operator, a runner that took over): stop.
+        v_reason := format('EffectBlocked: %s', v_settled.detail);
+        PERFORM orch8.fail_step(
+            v_tenant, v_instance, p_lease_token, v_path, p_attempt, p_effect_id,
+            jsonb_build_object('outcome', 'stale', 'effect_state', v_settled.state,
+                               'detail', v_settled.detail), v_reason);
+    ELSIF p_result = 'ok' THEN
+        PERFORM orch8.record_block_output(v_tenant, v_instance, v_path,
+            p_attempt, NULL, coalesce(p_output, 'null'), NULL, p_effect_id, p_lease_token);
+        IF p_effect_id IS NOT NULL AND p_attempt > 0 THEN  -- attempt 0 has no earlier one
+            PERFORM orch8.settle_same_key_receipts(v_tenant, p_effect_id, 'engine');
+        END IF;
+        IF orch8.deadline_passed(p_node) THEN
+            -- too late: the outcome is recorded (and its receipt committed), the node fails
+            v_reason := orch8.fail_deadline(p_inst, p_node, p_attempt, p_effect_id,
+                                            p_lease_token);
+        ELSE
+            PERFORM orch8.end_node(p_inst, v_path, 'completed', NULL, NULL, NULL);
+        END IF;
+    ELSIF p_result = 'skipped' THEN
+        PERFORM orch8.record_block_output(v_tenant, v_instance, v_path,
+            p_attempt, '__skipped__', p_output, NULL, NULL, p_lease_token);
+        PERFORM orch8.end_node(p_inst, v_path, 'skipped', NULL, NULL, NULL);
+    ELSIF p_result = 'invalid_output' THEN
+        -- it happened (the receipt is committed), but the output breaks the step's
+        -- output_schema: a failure no retry repairs
+        v_reason := coalesce(p_error, 'the output does not match output_schema');
+        PERFORM orch8.fail_step(v_tenant, v_instance, p_lease_token, v_path,
+            p_attempt, p_effect_id,
+            jsonb_build_object('error', v_reason,
+                               'code', coalesce(p_error_code, 'output_schema'),
+                               'output', p_output),
+            v_reason);
+    ELSE
+        v_retry_in := p_retry_in;
+        v_reason := p_error;
+        IF p_result = 'error' AND p_effect_id IS NOT NULL
+           -- Ambiguous: it may have been sent. Resend only as the step says; by default
+           -- the receipt is settled first, whatever the runner proposed.
+           AND orch8.step_ambiguity_mode(orch8.instance_step(v_tenant, v_instance, v_path))
+               = 'settle'
+        THEN
+            v_retry_in := NULL;
+        END IF;
+        IF p_result = 'error' AND p_effect_id IS NOT NULL AND v_retry_in IS NULL THEN
+            IF orch8.await_settlement(v_tenant, v_instance, p_lease_token,
+                   v_path, p_attempt, p_effect_id, p_error) = 'waiting' THEN
+                v_reason := format('%s; its verifier settles receipt %s', p_error, p_effect_id);
+            END IF;
+        ELSIF v_retry_in IS NULL THEN
+            PERFORM orch8.fail_step(v_tenant, v_instance, p_lease_token, v_path,
+                p_attempt, p_effect_id,
+                jsonb_strip_nulls(jsonb_build_object('error', p_error, 'code', p_error_code)),
+                p_error);
+        ELSE
+            PERFORM orch8.record_block_output(v_tenant, v_instance, v_path,
+                p_attempt, '__retry__',
+                jsonb_strip_nulls(jsonb_build_object('error', p_error, 'code', p_error_code)),
+                true, p_effect_id, p_lease_token);
+            IF p_node.cancel_requested THEN
+                PERFORM orch8.end_node(p_inst, v_path, 'cancelled', NULL, NULL, NULL);
+            ELSIF orch8.deadline_passed(p_node) THEN
+                v_reason := orch8.fail_deadline(p_inst, p_node, p_attempt, p_effect_id,
+                                                p_lease_token);
+            ELSE
+                UPDATE orch8.execution_nodes AS n
+                SET state = 'ready',
+                    -- a retry waits for its backoff, then for the step's send_window
+                    next_fire_at = orch8.window_open_at(
+                        orch8.instance_step(v_tenant, v_instance, v_path) -> 'send_window',
+                        orch8.now() + v_retry_in),
+                    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+                    worker_task_id = NULL, updated_at = orch8.now()
+                WHERE n.tenant_id = v_tenant AND n.instance_id = v_instance AND n.path = v_path;
+            END IF;
+        END IF;
+    END IF;
+    RETURN v_reason;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.record_step_result(
+    orch8.task_instances, orch8.execution_nodes, integer, uuid, text, jsonb, text, interval,
+    text, uuid, orch8.effect_outcome
+) IS
+'What a step''s result means, once (internal helper of finish_step and '
+'complete_worker_task; the caller holds the instance''s lock and has checked who may '
+'report): settle the receipt (ok and invalid_output: commit_effect; error: '
+'mark_effect_unknown; not_applied: abandon_effect_not_applied), unless p_settled says it '
+'was settled already (a worker''s report), then record the step as finish_step''s '
+'comment says. Returns the reason the instance''s audit row gives, or NULL.';
+
 CREATE OR REPLACE FUNCTION orch8.finish_step(
     p_tenant_id text,
     p_instance_id uuid,
@@ -426,7 +593,8 @@ DECLARE
     v_inst orch8.task_instances;
     v_node orch8.execution_nodes;
     v_settled orch8.effect_outcome;
-    v_retry_in interval;
+    v_task orch8.worker_tasks;
+    v_receipt orch8.effect_receipts;
     v_reason text;
     v_next orch8.execution_nodes;
 BEGIN
@@ -461,116 +629,34 @@ BEGIN
     v_node := orch8.leased_node(p_tenant_id, p_instance_id, p_lease_token);
     PERFORM orch8.require_node(v_node, p_block_id, ARRAY['step', 'compensation'],
                                'finish_step');
-
-    IF p_effect_id IS NOT NULL AND NOT EXISTS (
-        SELECT 1 FROM orch8.effect_receipts AS r
-         WHERE r.tenant_id = p_tenant_id AND r.id = p_effect_id) THEN
-        -- The receipt written before dispatch is gone, yet the handler ran: record it
-        -- unknown with what the handler answered, and wait for it to be settled.
-        PERFORM orch8.recover_lost_receipt(p_tenant_id, p_instance_id, p_block_id, p_attempt,
-                                           p_effect_id, p_result, p_output, p_error);
-        v_reason := format('EffectBlocked: receipt %s was lost with the primary; recovered '
-                           'as unknown', p_effect_id);
-        PERFORM orch8.await_settlement(p_tenant_id, p_instance_id, p_lease_token,
-            p_block_id, p_attempt, p_effect_id, v_reason);
-    ELSE
-        IF p_effect_id IS NOT NULL THEN
-            PERFORM orch8.require_own_receipt(p_tenant_id, p_effect_id, p_instance_id,
-                                              p_block_id, p_attempt);
-            v_settled := CASE
-                WHEN p_result IN ('ok', 'invalid_output')
-                THEN orch8.commit_effect(p_tenant_id, p_effect_id, p_output)
-                WHEN p_result = 'error'
-                THEN orch8.mark_effect_unknown(p_tenant_id, p_effect_id, p_error)
-                ELSE orch8.abandon_effect_not_applied(
-                    p_tenant_id, p_effect_id,
-                    coalesce(nullif(p_output, '{}'::jsonb),
-                             jsonb_build_object('error', coalesce(p_error, 'not applied'))))
-            END;
+    IF v_node.worker_task_id IS NOT NULL THEN
+        -- A worker's failure or timeout, decided now by the runner's retry policy: its
+        -- receipt was settled when it was reported (fail_worker_task, the sweep).
+        SELECT * INTO v_task FROM orch8.worker_tasks AS w
+        WHERE w.tenant_id = p_tenant_id AND w.id = v_node.worker_task_id;
+        IF p_effect_id IS DISTINCT FROM v_task.effect_id
+           OR p_result IS DISTINCT FROM v_task.result THEN
+            RAISE EXCEPTION 'step % waits for the decision on worker task %: finish it with '
+                            'effect % and result %', p_block_id, v_task.id, v_task.effect_id,
+                            v_task.result
+                USING ERRCODE = 'O8008',
+                      DETAIL = json_build_object('field', 'result', 'task_id', v_task.id)::text;
         END IF;
-        IF v_settled.outcome = 'stale' THEN
-            -- someone moved our receipt (an operator, a runner that took over): stop.
-            v_reason := format('EffectBlocked: %s', v_settled.detail);
-            PERFORM orch8.fail_step(
-                p_tenant_id, p_instance_id, p_lease_token, p_block_id, p_attempt, p_effect_id,
-                jsonb_build_object('outcome', 'stale', 'effect_state', v_settled.state,
-                                   'detail', v_settled.detail), v_reason);
-        ELSIF p_result = 'ok' THEN
-            PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_block_id,
-                p_attempt, NULL, coalesce(p_output, 'null'), NULL, p_effect_id, p_lease_token);
-            IF p_effect_id IS NOT NULL AND p_attempt > 0 THEN  -- attempt 0 has no earlier one
-                PERFORM orch8.settle_same_key_receipts(p_tenant_id, p_effect_id, 'engine');
-            END IF;
-            IF orch8.deadline_passed(v_node) THEN
-                -- too late: the outcome is recorded (and its receipt committed), the node
-                -- fails
-                v_reason := orch8.fail_deadline(v_inst, v_node, p_attempt, p_effect_id,
-                                                p_lease_token);
-            ELSE
-                PERFORM orch8.end_node(v_inst, p_block_id, 'completed', NULL, NULL, NULL);
-            END IF;
-        ELSIF p_result = 'skipped' THEN
-            PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_block_id,
-                p_attempt, '__skipped__', p_output, NULL, NULL, p_lease_token);
-            PERFORM orch8.end_node(v_inst, p_block_id, 'skipped', NULL, NULL, NULL);
-        ELSIF p_result = 'invalid_output' THEN
-            -- it happened (the receipt is committed), but the output breaks the step's
-            -- output_schema: a failure no retry repairs
-            v_reason := coalesce(p_error, 'the output does not match output_schema');
-            PERFORM orch8.fail_step(p_tenant_id, p_instance_id, p_lease_token, p_block_id,
-                p_attempt, p_effect_id,
-                jsonb_build_object('error', v_reason,
-                                   'code', coalesce(p_error_code, 'output_schema'),
-                                   'output', p_output),
-                v_reason);
-        ELSE
-            v_retry_in := p_retry_in;
-            v_reason := p_error;
-            IF p_result = 'error' AND p_effect_id IS NOT NULL
-               -- Ambiguous: it may have been sent. Resend only as the step says; by
-               -- default the receipt is settled first, whatever the runner proposed.
-               AND orch8.step_ambiguity_mode(
-                       orch8.instance_step(p_tenant_id, p_instance_id, p_block_id)) = 'settle'
-            THEN
-                v_retry_in := NULL;
-            END IF;
-            IF p_result = 'error' AND p_effect_id IS NOT NULL AND v_retry_in IS NULL THEN
-                IF orch8.await_settlement(p_tenant_id, p_instance_id, p_lease_token,
-                       p_block_id, p_attempt, p_effect_id, p_error) = 'waiting' THEN
-                    v_reason := format('%s; its verifier settles receipt %s', p_error,
-                                       p_effect_id);
-                END IF;
-            ELSIF v_retry_in IS NULL THEN
-                PERFORM orch8.fail_step(p_tenant_id, p_instance_id, p_lease_token, p_block_id,
-                    p_attempt, p_effect_id,
-                    jsonb_strip_nulls(jsonb_build_object('error', p_error, 'code', p_error_code)),
-                    p_error);
-            ELSE
-                PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_block_id,
-                    p_attempt, '__retry__',
-                    jsonb_strip_nulls(jsonb_build_object('error', p_error, 'code', p_error_code)),
-                    true, p_effect_id, p_lease_token);
-                IF v_node.cancel_requested THEN
-                    PERFORM orch8.end_node(v_inst, p_block_id, 'cancelled', NULL, NULL, NULL);
-                ELSIF orch8.deadline_passed(v_node) THEN
-                    v_reason := orch8.fail_deadline(v_inst, v_node, p_attempt, p_effect_id,
-                                                    p_lease_token);
-                ELSE
-                    UPDATE orch8.execution_nodes AS n
-                    SET state = 'ready',
-                        -- a retry waits for its backoff, then for the step's send_window
-                        next_fire_at = orch8.window_open_at(
-                            orch8.instance_step(p_tenant_id, p_instance_id, p_block_id)
-                            -> 'send_window',
-                            orch8.now() + v_retry_in),
-                        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-                        updated_at = orch8.now()
-                    WHERE n.tenant_id = p_tenant_id AND n.instance_id = p_instance_id
-                      AND n.path = p_block_id;
-                END IF;
-            END IF;
-        END IF;
+        v_receipt := orch8.load_effect_receipt(p_tenant_id, p_effect_id);
+        v_settled := CASE
+            WHEN v_receipt.state = CASE p_result WHEN 'error' THEN 'unknown'
+                                                 ELSE 'abandoned' END::orch8.effect_state
+            THEN orch8.effect_outcome_of(v_receipt.state::text, v_receipt)
+            ELSE orch8.effect_outcome_of('stale', v_receipt,
+                     format('receipt is %s, not what worker task %s left it', v_receipt.state,
+                            v_task.id))
+        END;
+        UPDATE orch8.execution_nodes AS n SET worker_task_id = NULL
+        WHERE n.tenant_id = p_tenant_id AND n.instance_id = p_instance_id
+          AND n.path = p_block_id;
     END IF;
+    v_reason := orch8.record_step_result(v_inst, v_node, p_attempt, p_effect_id, p_result,
+        p_output, p_error, p_retry_in, p_error_code, p_lease_token, v_settled);
     v_inst := orch8.load_instance(p_tenant_id, p_instance_id);
     -- a step to be retried goes back to the claim, as it always did
     v_next := orch8.hand_over(v_inst, p_lease_token, v_node.lease_owner, v_node.lease_expires_at,
@@ -586,17 +672,20 @@ COMMENT ON FUNCTION orch8.finish_step(
 'After a handler returns, in one transaction, fenced by the lease of the step''s node '
 '(O8001): settle the receipt (ok: commit_effect; error: mark_effect_unknown; '
 'not_applied: abandon_effect_not_applied; invalid_output: commit_effect, then the step '
-'fails for its output_schema) and record the step: ok -> output row (and the step''s '
-'unknown receipts under the same key settled: settle_same_key_receipts) and the node '
-'completes, which moves the tree on (end_node); skipped (its when was false; no effect) '
-'-> __skipped__ with p_output and the node is skipped; error with p_retry_in -> '
-'__retry__ and the node ready again p_retry_in from now (or at the next opening of its '
-'send_window: window_open_at); error without -> __error__ '
-'(with p_error_code) and the node fails, unwinding to the nearest handler. An ambiguous '
+'fails for its output_schema) and record the step (record_step_result): ok -> output row '
+'(and the step''s unknown receipts under the same key settled: settle_same_key_receipts) '
+'and the node completes, which moves the tree on (end_node); skipped (its when was '
+'false; no effect) -> __skipped__ with p_output and the node is skipped; error with '
+'p_retry_in -> __retry__ and the node ready again p_retry_in from now (or at the next '
+'opening of its send_window: window_open_at); error without -> __error__ (with '
+'p_error_code) and the node fails, unwinding to the nearest handler. An ambiguous '
 'outcome (error with an effect) is retried only when step_ambiguity_mode is not settle '
 '(p_retry_in is ignored otherwise); not retried, it goes to await_settlement (the node '
 'waits or blocks). A receipt moved by someone else fails the step (EffectBlocked); a '
-'receipt lost with a failed primary is recorded again as unknown. Then the next due '
-'ready node of the instance, if any, is leased to the caller under the same token, and '
-'the answer is node_answer''s: the instance state and that node. Repeating the call '
-'under the same lease after a lost answer changes nothing and answers the same.';
+'receipt lost with a failed primary is recorded again as unknown. For a node deciding '
+'on a worker task''s failure or timeout (worker_task_id; claim_work''s worker_result) '
+'the receipt was settled by the report: p_effect_id and p_result must be the task''s '
+'(else O8008), and the same rule decides. Then the next due ready node of the instance, '
+'if any, is leased to the caller under the same token, and the answer is '
+'node_answer''s: the instance state and that node. Repeating the call under the same '
+'lease after a lost answer changes nothing and answers the same.';

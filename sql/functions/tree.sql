@@ -771,6 +771,8 @@ AS $$
 DECLARE
     v_child record;
 BEGIN
+    -- Worker tasks: queued ones withdrawn, running ones told (their nodes wait for the report)
+    PERFORM orch8.withdraw_worker_tasks(p_inst, p_path, p_reason);
     -- Children first: a child's end touches its parent's node, so taking the child's row
     -- before that node keeps one lock order (child, then parent).
     FOR v_child IN
@@ -787,12 +789,15 @@ BEGIN
         ended_at = orch8.now(), updated_at = orch8.now()
     WHERE n.tenant_id = p_inst.tenant_id AND n.instance_id = p_inst.id
       AND orch8.in_subtree(n.path, p_path) AND n.lease_token IS NULL
-      AND n.state IN ('ready', 'running', 'waiting', 'blocked');
-    -- leased ones finish what they dispatched; begin_step stops one not yet dispatched
+      AND n.state IN ('ready', 'running', 'waiting', 'blocked')
+      AND NOT (n.state = 'waiting' AND n.worker_task_id IS NOT NULL);
+    -- leased ones finish what they dispatched; begin_step stops one not yet dispatched;
+    -- one a worker runs is recorded when the worker reports
     UPDATE orch8.execution_nodes AS n
     SET cancel_requested = true, cancel_reason = p_reason, updated_at = orch8.now()
     WHERE n.tenant_id = p_inst.tenant_id AND n.instance_id = p_inst.id
-      AND orch8.in_subtree(n.path, p_path) AND n.lease_token IS NOT NULL;
+      AND orch8.in_subtree(n.path, p_path)
+      AND (n.lease_token IS NOT NULL OR (n.state = 'waiting' AND n.worker_task_id IS NOT NULL));
 END
 $$;
 
@@ -801,7 +806,9 @@ COMMENT ON FUNCTION orch8.cancel_subtree(orch8.task_instances, text, text) IS
 'child instances of waiting sub_sequences are cancelled first; nodes without a lease '
 'become cancelled (with the reason and the state they had); a leased node is marked '
 'cancel_requested, so its begin_step answers stopped, and a step already dispatched '
-'keeps its receipt and records its late result.';
+'keeps its receipt and records its late result. Worker tasks first '
+'(withdraw_worker_tasks): a queued one is withdrawn, its node cancelled; a running one is '
+'told, and its node, marked cancel_requested, waits for the worker''s report.';
 
 -- The instance ----------------------------------------------------------------------------
 
@@ -869,6 +876,9 @@ BEGIN
     ORDER BY n.created_at DESC, n.path DESC LIMIT 1;
     SELECT
         count(*) FILTER (WHERE n.lease_token IS NOT NULL) AS leased,
+        -- in flight: leased, or waiting for an external worker's report
+        count(*) FILTER (WHERE n.lease_token IS NOT NULL
+                            OR (n.state = 'waiting' AND n.worker_task_id IS NOT NULL)) AS busy,
         count(*) FILTER (WHERE n.state = 'ready') AS ready,
         count(*) FILTER (WHERE n.state = 'ready' AND n.next_fire_at <= orch8.now()) AS due,
         min(n.next_fire_at) FILTER (WHERE n.state = 'ready') AS next_at,
@@ -889,7 +899,7 @@ BEGIN
         v_reason := v_root.error || CASE WHEN v_special.state = 'failed'
                                          THEN '; on_failure failed: ' || v_special.error
                                          ELSE '' END;
-    ELSIF v_root.state = 'cancelled' AND v_counts.leased = 0
+    ELSIF v_root.state = 'cancelled' AND v_counts.busy = 0
           AND (v_special.path IS DISTINCT FROM '.on_cancel'
                OR v_special.state IN ('completed', 'failed', 'cancelled', 'skipped')) THEN
         v_target := 'cancelled';
@@ -986,6 +996,8 @@ BEGIN
     WHERE c.tenant_id = p_inst.tenant_id AND c.instance_id = p_inst.id
       AND c.state = 'ready' AND c.next_fire_at <= orch8.now()
       AND c.path IS DISTINCT FROM p_exclude
+      -- a worker's result to decide on is claimed with it (claim_work's worker_result)
+      AND c.worker_task_id IS NULL
     ORDER BY (c.parent_path IS NOT DISTINCT FROM p_prefer_parent) DESC, c.priority DESC,
              c.next_fire_at, c.path
     LIMIT 1

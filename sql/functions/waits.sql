@@ -833,30 +833,34 @@ SELECT
     n.instance_id,
     n.path,
     n.kind,
-    CASE n.kind
-        WHEN 'sleep' THEN 'time'
-        WHEN 'wait_for_signal' THEN 'signal'
-        WHEN 'wait_for_input' THEN 'input'
-        WHEN 'sub_sequence' THEN 'child'
+    CASE
+        WHEN n.worker_task_id IS NOT NULL THEN 'worker'
+        WHEN n.kind = 'sleep' THEN 'time'
+        WHEN n.kind = 'wait_for_signal' THEN 'signal'
+        WHEN n.kind = 'wait_for_input' THEN 'input'
+        WHEN n.kind = 'sub_sequence' THEN 'child'
         ELSE 'verification'
     END AS waiting_for,
     n.items ->> 'signal' AS signal,
     n.items ->> 'prompt' AS prompt,
     n.items -> 'choices' AS choices,
     n.child_instance_id,
-    n.wake_at AS until,
+    coalesce(n.wake_at, w.close_by) AS until,
     n.updated_at AS since,
     t.state AS instance_state,
     s.name AS sequence_name,
-    s.namespace
+    s.namespace,
+    n.worker_task_id
 FROM orch8.execution_nodes AS n
 INNER JOIN orch8.task_instances AS t ON n.tenant_id = t.tenant_id AND n.instance_id = t.id
 INNER JOIN orch8.sequences AS s ON t.tenant_id = s.tenant_id AND t.sequence_id = s.id
+LEFT JOIN orch8.worker_tasks AS w ON n.tenant_id = w.tenant_id AND n.worker_task_id = w.id
 WHERE n.state = 'waiting';
 
 COMMENT ON VIEW orch8.waiting_nodes IS
 'Every waiting node with what it waits for: time (a sleep), signal (its name), input (a '
-'person: the rendered prompt and the choices), child (a sub_sequence''s instance) or '
-'verification (a verifier settling the step''s receipt), and until when (its timer: a '
-'sleep''s end, a wait''s timeout; NULL when none). What the console, the API and the CLI '
-'list as waiting.';
+'person: the rendered prompt and the choices), child (a sub_sequence''s instance), '
+'worker (an external worker runs the step''s task, worker_task_id) or verification (a '
+'verifier settling the step''s receipt), and until when (its timer: a sleep''s end, a '
+'wait''s timeout, a worker task''s close_by; NULL when none). What the console, the API '
+'and the CLI list as waiting.';
