@@ -81,7 +81,12 @@ LIMITS = {'actor_chars': 200,
  'verify_delay_ms': 86400000,
  'verify_request_receipts': 1000,
  'verify_tries': 50,
- 'wait_ms': 31622400000}
+ 'wait_ms': 31622400000,
+ 'worker_checkpoint_bytes': 65536,
+ 'worker_lease_ms': 600000,
+ 'worker_poll_handlers': 100,
+ 'worker_poll_tasks': 100,
+ 'worker_poll_wait_ms': 60000}
 
 PATTERNS = {'identifier': {'pattern': '^[A-Za-z0-9_.-]{1,100}$',
                 'rule': '1 to 100 characters among A-Z a-z 0-9 _ . -'},
@@ -177,9 +182,25 @@ CLAIMABLE_KINDS = ('step', 'compensation', 'loop', 'for_each', 'router', 'sub_se
 
 BUILTIN_SIGNALS = ('cancel', 'pause', 'resume', 'update_context', 'input')
 
-WAIT_REASONS = ('time', 'signal', 'input', 'child', 'verification')
+WAIT_REASONS = ('time', 'signal', 'input', 'child', 'verification', 'worker')
 
 DEFERRAL_REASONS = ('rate_limit', 'rate_limit_undefined')
+
+WORKER_TASK_STATES = ('queued', 'running', 'completed', 'failed', 'timed_out', 'blocked', 'cancelled')
+
+WORKER_TASK_TRANSITIONS = {'queued': ('cancelled', 'running', 'timed_out'),
+ 'running': ('blocked', 'completed', 'failed', 'queued', 'timed_out')}
+
+WORKER_TASK_EVENTS = ('queued',
+ 'claimed',
+ 'started',
+ 'redelivered',
+ 'cancel_requested',
+ 'completed',
+ 'failed',
+ 'timed_out',
+ 'blocked',
+ 'cancelled')
 
 BLOCK_DEFAULTS = {'max_iterations': 1000,
  'concurrency': 1,

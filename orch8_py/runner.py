@@ -486,8 +486,13 @@ class Runner:
         output."""
         path, attempt = node.path, node.attempt
         where = f"tenant={row.tenant_id} instance={row.id} block={path} attempt={attempt}"
+        if node.worker_result is not None:
+            return self._worker_result(row, block, node, progress, where)
         fn, problem = self._handler_of(block)
-        if fn is None:
+        # a handler this runner has not loaded may be served by external workers:
+        # begin_step decides (it fails the step before any receipt when none serve it)
+        remote = fn is None and self._maybe_remote(block)
+        if fn is None and not remote:
             log.warning("event=step.not_runnable %s reason=%r", where, problem)
             return self._fail(row, path, attempt, problem)
         name = block["handler"]
@@ -522,10 +527,21 @@ class Runner:
 
         effect_id = idempotency_key = None
         if self.has_side_effects(name):
-            began = self._begin(row, path, name, params, attempt)
+            began = self._begin(
+                row, path, name, params, attempt, not_runnable=problem if remote else None
+            )
             if began.outcome == "stopped":  # its branch was cancelled, or a pause/cancel
                 log.info("event=step.stopped %s state=%s", where, began.detail)
                 return Finished(began.detail or "paused")
+            if began.outcome == "queued":  # external workers run it; the runner moves on
+                log.info(
+                    "event=step.queued %s handler=%s effect=%s detail=%r",
+                    where,
+                    name,
+                    began.effect_id,
+                    began.detail,
+                )
+                return Finished("waiting")
             if began.outcome is not None and began.outcome != "dispatched":
                 # begin_step recorded why and moved the node (failed, or waiting for the
                 # receipt's verifier, or blocked): this runner stops here
@@ -540,6 +556,8 @@ class Runner:
                 return Finished("stopped")
             effect_id, idempotency_key = began.effect_id, began.idempotency_key
             fault_point("after_dispatch", path)
+        if fn is None:  # not ours, yet dispatched to us: cannot happen (begin_step decides)
+            return self._fail(row, path, attempt, problem)
 
         timeout = float(block.get("timeout", DEFAULT_STEP_TIMEOUT * 1000)) / 1000
         ctx = StepContext(
@@ -582,6 +600,41 @@ class Runner:
         )
         if call.result == "ok":
             progress[path] = {"attempt": attempt, "sentinel": None, "output": call.output}
+        return done
+
+    def _worker_result(
+        self,
+        row: Claimed,
+        block: dict[str, Any],
+        node: Node,
+        progress: dict[str, Any],
+        where: str,
+    ) -> Finished:
+        """An external worker's failure or timeout (its receipt settled when it was
+        reported): decided by the step's retry policy, as the runner's own handler's
+        failure is, and recorded with finish_step."""
+        result = node.worker_result or {}
+        call = Invocation(
+            str(result.get("result") or "error"),
+            result.get("evidence") or {},
+            result.get("error"),
+            result.get("code"),
+            bool(result.get("retryable", True)),
+        )
+        outputs = outputs_seen_from(progress, node.path)
+        retry_in = self._retry_delay(row, block, node, outputs, node.attempt, call)
+        effect_id = uuid.UUID(str(result["effect_id"]))
+        done = self._finish(row, node.path, node.attempt, effect_id, call, retry_in)
+        log.info(
+            "event=step.worker_result %s task=%s effect=%s result=%s state=%s retry_in=%s error=%r",
+            where,
+            result.get("task_id"),
+            effect_id,
+            call.result,
+            done.state,
+            retry_in,
+            call.error,
+        )
         return done
 
     def _retry_delay(
@@ -803,12 +856,29 @@ class Runner:
                 "does not implement yet (docs/HANDLERS.md lists the ones it does)"
             )
         return None, (
-            f"block {block_id!r}: handler {name!r} is not registered in this runner "
-            "(load the module that registers it: --import MODULE or ORCH8_HANDLER_MODULES)"
+            f"block {block_id!r}: handler {name!r} is neither registered in this runner "
+            "(load the module that registers it: --import MODULE or ORCH8_HANDLER_MODULES) "
+            "nor served by external workers (orch8 workers register)"
+        )
+
+    def _maybe_remote(self, block: dict[str, Any]) -> bool:
+        """A step whose handler is a name this runner has not loaded and no builtin: external
+        workers may serve it (begin_step looks it up)."""
+        name = block.get("handler")
+        return (
+            block.get("type", "step") == "step"
+            and isinstance(name, str)
+            and name not in self._builtins()
         )
 
     def _begin(
-        self, row: Claimed, block_id: str, handler: str, params: dict[str, Any], attempt: int
+        self,
+        row: Claimed,
+        block_id: str,
+        handler: str,
+        params: dict[str, Any],
+        attempt: int,
+        not_runnable: str | None = None,
     ) -> sqlapi.steps.Outcome:
         return self._call_until_done(
             lambda c: sqlapi.steps.begin_step(
@@ -820,6 +890,7 @@ class Runner:
                 handler=handler,
                 params=params,
                 attempt=attempt,
+                not_runnable=not_runnable,
             )
         )
 

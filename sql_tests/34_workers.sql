@@ -645,7 +645,7 @@ SELECT is_empty(
 SELECT set_config('orch8.fake_now', '2031-05-01 12:24:03+00', true);
 SELECT is(
     (SELECT (
-        c.params, c.try, c.tries, c.handler,
+        c.params, c.try_number, c.tries, c.handler,
         c.effect_id = (tap.receipt('v1', 'charge')).id
     )::text
     FROM orch8.claim_worker_verifications('workers', 'w4', ARRAY['pay.charge'], 5, 60000) AS c),

@@ -188,7 +188,9 @@ def test_unregistered_handler_and_bad_template_fail_clearly(conn, runner):
     seq3 = store_sequence(conn, [{"type": "step", "id": "a", "handler": "human_review"}])
     a, b, c = start(conn, seq, {}), start(conn, seq2, {}), start(conn, seq3, {})
     states = wait_for(conn, [a, b, c])
-    assert states[a][0] == "failed" and "'nobody.registered.this' is not registered" in states[a][1]
+    assert states[a][0] == "failed"
+    assert "'nobody.registered.this' is neither registered in this runner" in states[a][1]
+    assert "nor served by external workers" in states[a][1]
     assert "--import MODULE or ORCH8_HANDLER_MODULES" in states[a][1]
     assert states[b][0] == "failed" and "data.nope not found" in states[b][1]
     assert states[c][0] == "failed"

@@ -31,10 +31,11 @@ def create_app(database_url: str, *, secret_key: str | None = None) -> Flask:
         SESSION_COOKIE_SECURE=os.environ.get("ORCH8_SECURE_COOKIES") == "1",
         JSON_SORT_KEYS=False,
     )
+    # Every request acts as orch8_web: no table writes, no other tenant's rows.
+    app.extensions["orch8.url"] = web_url = as_role(database_url, WEB_ROLE)
     # Opened lazily: the app starts (and /health/live answers) while PostgreSQL is down.
     app.extensions["orch8.pool"] = ConnectionPool(
-        # Every request acts as orch8_web: no table writes, no other tenant's rows.
-        as_role(database_url, WEB_ROLE),
+        web_url,
         min_size=1,
         max_size=8,
         # A request waits this long for a connection, then answers 503 (not 30 s, the

@@ -8,9 +8,9 @@ one typed function per SQL function or shared read, with named arguments.
 Functions take a connection the caller owns (its pool, transaction, role and tenant) and
 raise the exceptions of orch8_py.errors for the engine's SQLSTATEs. Modules follow the
 SQL files: steps (the runner), effects, flow_control (rate limits), instances, sequences,
-webhooks, schedules, bulk, keys, tenancy (the web role), observe (metrics), server
-(databases, sessions), catalog (the rules orch8_py/rules.py is generated from), psql (the
-statements shown to people).
+webhooks, schedules, bulk, workers (external workers), keys, tenancy (the web role),
+observe (metrics), server (databases, sessions), catalog (the rules orch8_py/rules.py is
+generated from), psql (the statements shown to people).
 tests/test_one_door.py keeps SQL text out of every other module (the migrator and the
 tests aside).
 """
@@ -32,6 +32,7 @@ from . import (
     steps,
     tenancy,
     webhooks,
+    workers,
 )
 from .base import Conn, Row
 
@@ -52,4 +53,5 @@ __all__ = [
     "steps",
     "tenancy",
     "webhooks",
+    "workers",
 ]

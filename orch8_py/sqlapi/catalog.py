@@ -124,6 +124,9 @@ def read(conn: Conn) -> dict[str, Any]:
         "BUILTIN_SIGNALS": tuple(value(conn, "SELECT orch8.builtin_signals()")),
         "WAIT_REASONS": tuple(value(conn, "SELECT orch8.wait_reasons()")),
         "DEFERRAL_REASONS": tuple(value(conn, "SELECT orch8.deferral_reasons()")),
+        "WORKER_TASK_STATES": tuple(value(conn, "SELECT orch8.worker_task_states()")),
+        "WORKER_TASK_TRANSITIONS": _moves(conn, "worker_task_transitions"),
+        "WORKER_TASK_EVENTS": tuple(value(conn, "SELECT orch8.worker_task_event_kinds()")),
         "BLOCK_DEFAULTS": {
             r["field"]: r["value"]
             for r in all_rows(conn, "SELECT field, value FROM orch8.block_defaults()")

@@ -32,6 +32,9 @@ class Node:
     phase: str | None  # what a composite asks for: condition, break_on, collection, route
     child_instance_id: uuid.UUID | None  # a sub_sequence's child, once started
     vars: dict[str, Any]  # the variables bound around it
+    # a step whose external worker failed or timed out, to decide on (finish_step): the
+    # task's id, effect_id, result, error, code, retryable, evidence
+    worker_result: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class Claimed:
     lease_token: uuid.UUID
     progress: dict[str, Any]
     context_version: int = 0  # bumped by update_context: a newer one means re-read context
+    worker_result: dict[str, Any] | None = None  # Node.worker_result
 
     @property
     def node(self) -> Node:
@@ -67,6 +71,7 @@ class Claimed:
             self.phase,
             self.child_instance_id,
             self.vars or {},
+            self.worker_result,
         )
 
 
@@ -147,14 +152,18 @@ def begin_step(
     handler: str,
     params: dict[str, Any],
     attempt: int,
+    not_runnable: str | None = None,
 ) -> Outcome:
+    """``not_runnable``: why this runner cannot run the handler itself; the step then
+    goes to external workers if they serve it (outcome queued), else fails with it."""
     return objects(
         conn,
         Outcome,
         f"SELECT {OUTCOME} FROM orch8.begin_step("
         "p_tenant_id => %(tenant)s, p_instance_id => %(instance)s,"
         " p_lease_token => %(lease)s, p_block_id => %(block)s, p_handler => %(handler)s,"
-        " p_params => %(params)s, p_attempt => %(attempt)s)",
+        " p_params => %(params)s, p_attempt => %(attempt)s,"
+        " p_not_runnable => %(not_runnable)s)",
         {
             "tenant": tenant_id,
             "instance": instance_id,
@@ -163,6 +172,7 @@ def begin_step(
             "handler": handler,
             "params": Jsonb(params),
             "attempt": attempt,
+            "not_runnable": not_runnable,
         },
     )[0]
 

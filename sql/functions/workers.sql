@@ -767,7 +767,7 @@ CREATE OR REPLACE FUNCTION orch8.claim_worker_verifications(
 RETURNS TABLE (
     effect_id uuid,
     claim_token uuid,
-    try integer,
+    try_number integer,
     tries integer,
     lease_expires_at timestamptz,
     handler text,

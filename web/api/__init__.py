@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from flask import Blueprint, Flask, Response
 
-from . import bulk, effects, instances, rate_limits, schedules, sequences, webhooks
+from . import bulk, effects, instances, rate_limits, schedules, sequences, webhooks, workers
 from .spec import PREFIX, document, dumps
 
 
 def register(app: Flask) -> None:
     api = Blueprint("api", __name__, url_prefix=PREFIX)
-    for module in (sequences, instances, bulk, effects, webhooks, schedules, rate_limits):
+    for module in (sequences, instances, bulk, effects, webhooks, schedules, rate_limits, workers):
         api.register_blueprint(module.bp)
 
     @api.get("/openapi.json")

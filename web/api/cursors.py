@@ -131,3 +131,8 @@ ScheduleCursor = Annotated[
     _validator(cursor_text, cursor_uuid),
     _schema("orch8-schedule-cursor", "(name, id)"),
 ]
+TaskCursor = Annotated[
+    tuple[dt.datetime, uuid.UUID],
+    _validator(cursor_time, cursor_uuid),
+    _schema("orch8-task-cursor", "(created_at, id)"),
+]
