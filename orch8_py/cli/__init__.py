@@ -1,6 +1,7 @@
 """The `orch8` command: its parser and main(). Each command group is a module of this
 package (engine: up, run, serve, db; sequences; instances; effects; keys; webhooks;
-schedules; rate_limits); the demo is orch8_py.demo."""
+schedules; rate_limits; workers: the external worker and its handlers); the demo is
+orch8_py.demo."""
 
 from __future__ import annotations
 
@@ -13,7 +14,17 @@ import warnings
 from .. import __version__, config, db, demo
 from ..errors import ConfigError, Orch8Error
 from ..startup import check_schema, database
-from . import effects, engine, instances, keys, rate_limits, schedules, sequences, webhooks
+from . import (
+    effects,
+    engine,
+    instances,
+    keys,
+    rate_limits,
+    schedules,
+    sequences,
+    webhooks,
+    workers,
+)
 
 
 def parser(settings: config.Settings | None) -> argparse.ArgumentParser:
@@ -21,7 +32,16 @@ def parser(settings: config.Settings | None) -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"orch8-py {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     engine.add_parsers(sub, settings)
-    for commands in (sequences, instances, effects, keys, webhooks, schedules, rate_limits):
+    for commands in (
+        sequences,
+        instances,
+        effects,
+        keys,
+        webhooks,
+        schedules,
+        rate_limits,
+        workers,
+    ):
         commands.add_parsers(sub)
     dp = sub.add_parser(
         "demo",

@@ -236,7 +236,7 @@ RETURNS TABLE (
     lease_expires_at timestamptz,
     close_by timestamptz,
     instance_id uuid,
-    path text,
+    block_id text,
     checkpoint jsonb
 )
 LANGUAGE plpgsql
@@ -775,7 +775,7 @@ RETURNS TABLE (
     idempotency_key text,
     attempt integer,
     instance_id uuid,
-    path text,
+    block_id text,
     receipt jsonb
 )
 LANGUAGE plpgsql

@@ -206,12 +206,7 @@ def poll(json: PollBody) -> PollAnswer:
     finally:
         if slot:
             wake.give_slot()
-    return PollAnswer.model_validate(
-        {
-            "tasks": [{**t, "block_id": t["path"]} for t in tasks],
-            "verifications": [{**v, "block_id": v["path"]} for v in tries],
-        }
-    )
+    return PollAnswer.model_validate({"tasks": tasks, "verifications": tries})
 
 
 @bp.post("/workers/tasks/<uuid:task_id>/heartbeat")

@@ -8,7 +8,7 @@ import datetime as dt
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import Field, Strict, StringConstraints
 
 from orch8_py import rules
 
@@ -243,7 +243,9 @@ class VerdictPath(Path):
 
 class VerdictBody(Body):
     worker_id: WorkerId
-    claim_token: uuid.UUID
+    claim_token: Annotated[uuid.UUID, Strict(False)] = Field(
+        description="the claim_token the poll answered with the try"
+    )
     verdict: Literal["applied", "not_applied", "inconclusive"]
     evidence: JsonObject = Field(default_factory=dict, description="what the verifier found")
     provider_receipt_id: ProviderReceiptId | None = None
