@@ -54,12 +54,14 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.run_bench $(BENCH_ARGS)
 
 ## chaos: the process-level fault tests at scale, a run with verifiers on that prints how
-## many unknown receipts they settled and escalated, and a tree of parallel, for_each and
-## saga through runners killed again and again (make test runs the short variants)
+## many unknown receipts they settled and escalated, a tree of parallel, for_each and
+## saga through runners killed again and again, and external worker processes killed at
+## random (make test runs the short variants)
 chaos: $(STAMP)
 	ORCH8_CHAOS_INSTANCES=3000 ORCH8_CHAOS_RESTARTS=5 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_runner_processes.py
 	ORCH8_CHAOS_INSTANCES=600 $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/test_verifiers.py -k chaos
 	ORCH8_CHAOS_TREE_INSTANCES=400 ORCH8_CHAOS_TREE_KILLS=10 $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/test_workflow_processes.py -k chaos
+	ORCH8_CHAOS_WORKER_INSTANCES=1000 ORCH8_CHAOS_WORKER_KILLS=20 $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/test_worker_chaos.py
 
 ## chaos-ha: a 3-node Patroni + etcd cluster on loopback (Debian packages patroni and
 ## etcd-server), three SIGKILLs of the primary over 500 instances, in synchronous and in

@@ -18,6 +18,9 @@ before the application can refuse it. Here:
 - the body limit is the application's own (``web.MAX_BODY_BYTES``): a larger
   Content-Length is answered 413 from the headers, before the body is read.
 - ``max_request_header_size`` (ORCH8_HTTP_MAX_HEADER_BYTES, 64 KiB).
+- workers' long-polls (POST /api/v1/workers/tasks/poll) hold a thread while they wait: at
+  most ORCH8_HTTP_LONG_POLLS wait at once (default: the threads less two), the rest
+  answer at once.
 
 Behind a reverse proxy (docs/SECURITY.md), the proxy does the same per client address.
 """
@@ -65,6 +68,15 @@ class Limits:
     connection_limit: int = DEFAULT_CONNECTION_LIMIT
     channel_timeout: int = DEFAULT_CHANNEL_TIMEOUT
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    long_polls: int | None = None  # workers' polls waiting at once; None: threads - 2
+
+    @property
+    def waiting_polls(self) -> int:
+        """How many long-polls may wait at once (web/api/long_poll.py): two threads are
+        always left for the API, the console and /health."""
+        if self.long_polls is not None:
+            return self.long_polls
+        return max(self.threads - 2, 0)
 
     @classmethod
     def from_env(
@@ -84,6 +96,7 @@ class Limits:
             max_header_bytes=_positive(
                 env, "ORCH8_HTTP_MAX_HEADER_BYTES", DEFAULT_MAX_HEADER_BYTES
             ),
+            long_polls=_positive(env, "ORCH8_HTTP_LONG_POLLS", 0) or None,
         )
 
     def adjustments(self) -> dict[str, Any]:

@@ -67,7 +67,7 @@ __all__ = [
 log = logging.getLogger("orch8.worker")
 
 MAX_BACKOFF = 30.0  # seconds between tries while the API does not answer
-DEFAULT_POLL_WAIT = 10.0  # seconds a long-poll waits for a task (the server caps it)
+DEFAULT_POLL_WAIT = 5.0  # seconds a long-poll waits for a task (the server caps it)
 
 
 class WorkerError(Exception):

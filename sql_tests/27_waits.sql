@@ -5,7 +5,7 @@
 -- the waiting_nodes view, and cancel during a wait. Time starts at 2030-01-01 00:00 and
 -- only moves forward.
 BEGIN;
-SELECT plan(57);
+SELECT plan(60);
 SELECT set_config('orch8.fake_now', '2030-01-01 00:00:00+00', true);
 SELECT set_config('tap.tenant', 'waits', true);
 
@@ -291,6 +291,15 @@ SELECT throws_ok(
     $$SELECT orch8.send_signal('waits', tap.id('c1'), 'go', '{}', 'ann')$$,
     'O8004', NULL, 'a custom signal to an ended instance is refused'
 );
+
+-- 7. A paused instance whose last sleep ends completes (the claim that fires it goes on) ---
+
+SELECT tap.seq('last_nap', $${"blocks": [{"type": "sleep", "id": "nap", "duration": "1s"}]}$$);
+SELECT tap.new('p1', 'last_nap');
+SELECT is(orch8.pause_instance('waits', tap.id('p1'), 'ops'), 'paused', 'paused while it sleeps');
+SELECT set_config('orch8.fake_now', '2030-01-01 03:00:00+00', true);
+SELECT lives_ok($$SELECT * FROM tap.claim()$$, 'the claim fires its timer without failing');
+SELECT is(tap.state('p1'), 'completed', 'its work ended while paused: it completed');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -6,7 +6,7 @@
 -- concurrency slot; verifiers served by workers; the event trail. Time starts at
 -- 2031-05-01 12:00 and only moves forward.
 BEGIN;
-SELECT plan(132);
+SELECT plan(137);
 SELECT set_config('orch8.fake_now', '2031-05-01 12:00:00+00', true);
 SELECT set_config('tap.tenant', 'workers', true);
 
@@ -722,6 +722,22 @@ SELECT is(
     )::text,
     '(committed,invalid_output,"amount: ''x'' is not an integer")',
     'it happened (committed); the task says invalid_output, the node why'
+);
+
+-- a pause does not hold back a task in flight: its report completes the instance
+SELECT tap.new('z1', 'clean');
+SELECT results_eq($$SELECT * FROM tap.claim()$$, $$VALUES ('z1:charge')$$, 'claimed');
+SELECT is(tap.begin('z1', 'charge', 'pay.charge'), 'queued', 'queued');
+SELECT is((SELECT count(*)::integer FROM tap.poll('w4', ARRAY['pay.charge'])), 1, 'polled');
+SELECT is(orch8.pause_instance('workers', tap.id('z1'), 'ops'), 'paused', 'paused meanwhile');
+SELECT is(
+    (
+        SELECT (c.task_state, c.instance_state)::text
+        FROM orch8.complete_worker_task(
+            'workers', (tap.task('z1', 'charge')).id, 'w4', 1, '{}'
+        ) AS c
+    ),
+    '(completed,completed)', 'the worker''s report of its last step completes it'
 );
 
 -- 12. The rules as tables ----------------------------------------------------------------

@@ -29,7 +29,7 @@ from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
 from orch8_py import apikeys, rules
 from tests import pgserver
-from tests.test_api import fail_with_unknown_receipt
+from tests.test_api import claim, fail_with_unknown_receipt
 from web import create_app
 from web.api.cursors import INT64_MAX, encode_cursor
 
@@ -48,6 +48,9 @@ CURSOR_FORMATS = {
     "orch8-sequence-cursor": st.builds(encode_cursor, _identifier, _name),
     "orch8-delivery-cursor": st.builds(encode_cursor, st.integers(0, INT64_MAX)),
     "orch8-schedule-cursor": st.builds(encode_cursor, _identifier, st.uuids()),
+    "orch8-task-cursor": st.builds(
+        encode_cursor, st.datetimes(timezones=st.just(dt.UTC)), st.uuids()
+    ),
 }
 
 # Every check schemathesis has ("all"); the test fails unless each of them ran.
@@ -85,6 +88,19 @@ def seed(conn: psycopg.Connection) -> None:
     )
     fail_with_unknown_receipt(conn, seq, TENANT)  # and its instance.failed delivery
     conn.execute("SELECT orch8.create_instance(%s, %s, %s)", (TENANT, seq, Jsonb({"n": 1})))
+    # a handler workers serve, and a task of it queued (a poll has something to claim)
+    conn.execute("SELECT orch8.register_worker_handler(%s, 'test.api.pay')", (TENANT,))
+    pay = conn.execute(
+        "SELECT id FROM orch8.create_sequence(%s, 'default', 'paid', %s)",
+        (TENANT, Jsonb({"blocks": [{"type": "step", "id": "pay", "handler": "test.api.pay"}]})),
+    ).fetchone()[0]
+    paid = conn.execute(
+        "SELECT id FROM orch8.create_instance(%s, %s, '{}')", (TENANT, pay)
+    ).fetchone()[0]
+    conn.execute(
+        "SELECT orch8.begin_step(%s, %s, %s, 'pay', 'test.api.pay', '{}', 0)",
+        (TENANT, paid, claim(conn, paid)),
+    )
 
 
 class _Quiet(WSGIRequestHandler):
@@ -101,6 +117,7 @@ def served(admin_url, template_db) -> Iterator[tuple[str, str, dict]]:
         seed(conn)
         _, key = apikeys.create(conn, TENANT, "operator", "schemathesis")
     app = create_app(url, secret_key="schemathesis-test")
+    app.config["ORCH8_LONG_POLLS"] = 0  # a poll answers at once (wait_ms goes up to 60 s)
     server: BaseWSGIServer = make_server("127.0.0.1", 0, app, threaded=True, request_handler=_Quiet)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -138,6 +155,16 @@ def run_all_checks(base: str, key: str, document: dict) -> tuple[list[str], set[
                     # Nor which cron expressions (an impossible date, a range out of order)
                     # and time zones (pg_timezone_names) orch8.create_schedule accepts.
                     "include-operation-id": "createSchedule",
+                    "checks": {
+                        "positive_data_acceptance": {
+                            "expected-statuses": ["2xx", "401", "403", "404", "409", "422"]
+                        }
+                    },
+                },
+                {
+                    # Nor which duration strings are at least 1 s and at most 366 days
+                    # (orch8.duration_ms): "0s" and "999999999999d" match its pattern.
+                    "include-operation-id": "registerWorkerHandler",
                     "checks": {
                         "positive_data_acceptance": {
                             "expected-statuses": ["2xx", "401", "403", "404", "409", "422"]

@@ -370,7 +370,8 @@ def test_bad_calls_are_problems_not_tracebacks(api, conn, provider):
         missing = {"task_id": str(uuid.uuid4()), "claim_epoch": 1}
         assert w.call(missing, "complete").status_code == 404
         fail = w.call(missing, "fail", error="x", not_applied=True)
-        assert fail.status_code == 422 and fail.json()["field"] == "evidence"
+        assert fail.status_code == 422
+        assert fail.json()["problems"][0]["path"] == "evidence"
         resp = w.http.get("/workers/tasks/not-a-uuid")
         assert resp.status_code in (403, 404)
     finally:

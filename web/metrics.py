@@ -8,8 +8,9 @@ Two sources in one answer:
   pipelined with its statement timeout): the unresolved-effects queue by tenant, kind,
   state and whether an instance waits on it (``blocking``), with the age of its oldest
   receipt, the verifications not yet settled by state (pending, escalated), instances by
-  state, the webhook outbox by state, delivered webhooks, lease reclaims, and per rate
-  limit the steps it defers now and its admitted and deferred counters.
+  state, the webhook outbox by state, delivered webhooks, lease reclaims, per rate
+  limit the steps it defers now and its admitted and deferred counters, and per worker
+  handler the tasks queued and running and the age of the oldest queued one.
 
 If the database cannot be read the answer is still 200, with the process metrics and
 ``orch8_database_up 0``. No API key: Prometheus scrapes this, and it exposes counts, not
@@ -161,6 +162,18 @@ def families(rows: list[tuple[Any, ...]]) -> Iterator[Metric]:
         "rate_limit_deferred": rate_deferred,
         "rate_limit_admitted": rate_admitted,
     }
+    worker_tasks = GaugeMetricFamily(
+        "orch8_worker_tasks",
+        "Tasks of a registered external-worker handler: queued (waiting for a worker) and "
+        "running (a worker holds its lease).",
+        labels=["tenant", "handler", "state"],
+    )
+    worker_oldest = GaugeMetricFamily(
+        "orch8_worker_task_oldest_queued_seconds",
+        "How long the oldest queued task of a handler has waited for a worker (0: none). "
+        "Alert when it grows: no worker serves the handler.",
+        labels=["tenant", "handler"],
+    )
     ages: dict[tuple[str, str, str], float] = {}
     by_state: dict[str, dict[str, dict[str, int]]] = {
         "instances": defaultdict(dict),
@@ -179,6 +192,10 @@ def families(rows: list[tuple[Any, ...]]) -> Iterator[Metric]:
             reclaimed = n
         elif metric in rate_families:
             rate_families[metric].add_metric([tenant, kind], n)
+        elif metric == "worker_tasks":
+            worker_tasks.add_metric([tenant, kind, state], n)
+            if state == "queued":
+                worker_oldest.add_metric([tenant, kind], seconds or 0.0)
     for (tenant, kind, blocks), age in sorted(ages.items()):
         oldest.add_metric([tenant, kind, blocks], age)
     for family, states, counts in (
@@ -193,7 +210,7 @@ def families(rows: list[tuple[Any, ...]]) -> Iterator[Metric]:
         delivered.add_metric([tenant], by_state["webhooks"][tenant].get("delivered", 0))
     reclaims.add_metric([], reclaimed)
     yield from (unresolved, oldest, verifications, instances, outbox, delivered, reclaims)
-    yield from (rate_waiting, rate_deferred, rate_admitted)
+    yield from (rate_waiting, rate_deferred, rate_admitted, worker_tasks, worker_oldest)
 
 
 def render(pool: ConnectionPool) -> bytes:

@@ -42,7 +42,9 @@ def make_server(
     from .. import serving
 
     limits = serving.Limits.from_env(threads=threads)
-    return serving.create_server(create_app(url), host, port, limits)
+    app = create_app(url)
+    app.config["ORCH8_LONG_POLLS"] = limits.waiting_polls
+    return serving.create_server(app, host, port, limits)
 
 
 def make_runner(url: str, settings: config.Settings) -> Runner:

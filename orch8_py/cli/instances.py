@@ -400,6 +400,8 @@ def _waiting_what(row: dict[str, object]) -> str:
         return f"signal {row['signal']}"
     if row["waiting_for"] == "child":
         return f"child {row['child_instance_id']}"
+    if row["waiting_for"] == "worker":
+        return f"worker task {row['worker_task_id']}"
     return str(row["kind"])
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import config, db, rules, sqlapi
 from ..errors import ConfigError
-from ..worker import Worker, WorkerError, default_worker_id
+from ..worker import DEFAULT_POLL_WAIT, Worker, WorkerError, default_worker_id
 from .common import (
     EXIT_ERROR,
     EXIT_OK,
@@ -195,8 +195,8 @@ def add_parsers(sub: Subparsers) -> None:
     wk.add_argument(
         "--poll-wait",
         type=float,
-        default=10.0,
-        help="seconds a long-poll waits for a task (default 10)",
+        default=DEFAULT_POLL_WAIT,
+        help="seconds a long-poll waits for a task; a stop waits for it (default 5)",
     )
     wk.set_defaults(func=cmd_worker)
 

@@ -259,12 +259,12 @@ def waiting_nodes(
     limit: int = 100,
 ) -> list[Row]:
     """What instances wait for (orch8.waiting_nodes): a sleep, a signal, a person's
-    answer, a child, a verifier; until when. Longest waiting first."""
+    answer, a child, a verifier, an external worker; until when. Longest waiting first."""
     return all_rows(
         conn,
         "SELECT instance_id, path, kind, waiting_for, signal, prompt, choices,"
         " child_instance_id, until, since, instance_state::text AS instance_state,"
-        " sequence_name, namespace FROM orch8.waiting_nodes"
+        " sequence_name, namespace, worker_task_id FROM orch8.waiting_nodes"
         " WHERE tenant_id = %(tenant)s"
         " AND (%(instance)s::uuid IS NULL OR instance_id = %(instance)s::uuid)"
         " AND (%(for)s::text IS NULL OR waiting_for = %(for)s::text)"

@@ -319,12 +319,23 @@ BEGIN
         n.state = 'ready' AND n.deferred_by = 'rate_limit_undefined'
         AND NOT EXISTS (SELECT 1 FROM orch8.rate_limits AS r
                         WHERE r.tenant_id = n.tenant_id AND r.key = n.rate_limit_key)
-    GROUP BY n.tenant_id, n.rate_limit_key;
+    GROUP BY n.tenant_id, n.rate_limit_key
+    UNION ALL
+    -- per registered worker handler: tasks waiting for a worker, tasks a worker holds,
+    -- and how long the oldest has waited (seconds of the queued row)
+    SELECT 'worker_tasks', s.tenant_id, s.handler::text, m.state, NULL, m.n, m.seconds
+    FROM orch8.worker_handler_status AS s
+    CROSS JOIN LATERAL (
+        VALUES ('queued', s.queued,
+                coalesce(extract(epoch FROM orch8.now() - s.oldest_queued_at)::float8, 0)),
+               ('running', s.running, NULL::float8)
+    ) AS m (state, n, seconds);
 END
 $$;
 
 COMMENT ON FUNCTION orch8.metrics_snapshot() IS
-'The /metrics aggregates of every tenant, counts only (rate limits: kind is the key): '
+'The /metrics aggregates of every tenant, counts only (rate limits: kind is the key; '
+'worker tasks: kind is the handler): '
 '(metric, tenant, kind, state, '
 'blocking, n, seconds). Owned by orch8_runner (which row-level security does not '
 'confine), so the web role''s scrape sees all tenants: counts only, no row.';

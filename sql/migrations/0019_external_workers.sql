@@ -431,6 +431,42 @@ COMMENT ON FUNCTION orch8.wait_reasons() IS
 'instance), verification (a verifier settling the step''s receipt), worker (an external '
 'worker running the step''s task).';
 
+-- A paused instance whose work ends while it is paused (a sleep or a wait that was its
+-- last block, a worker's report of its last step) completes: before, the move was refused,
+-- which aborted the claim that fired the timer, and with it every runner's claim.
+CREATE OR REPLACE FUNCTION orch8.instance_can_transition(
+    p_from orch8.instance_state, p_to orch8.instance_state
+)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+STRICT
+PARALLEL SAFE
+AS $$
+    SELECT CASE p_from
+        WHEN 'scheduled' THEN p_to IN (
+            'running', 'waiting', 'paused', 'completed', 'failed', 'cancelled')
+        WHEN 'running' THEN p_to IN (
+            'scheduled', 'waiting', 'paused', 'completed', 'failed', 'cancelled'
+        )
+        WHEN 'waiting' THEN p_to IN (
+            'scheduled', 'running', 'paused', 'completed', 'failed', 'cancelled')
+        WHEN 'paused' THEN p_to IN ('scheduled', 'waiting', 'completed', 'failed', 'cancelled')
+        WHEN 'failed' THEN p_to IN ('scheduled', 'waiting', 'completed')
+        ELSE false
+    END
+$$;
+
+COMMENT ON FUNCTION orch8.instance_can_transition(orch8.instance_state, orch8.instance_state) IS
+'The instance transition table (an instance''s state sums up its execution tree, '
+'sync_instance): scheduled->running|waiting|paused|completed|failed|cancelled; '
+'running->scheduled|waiting|paused|completed|failed|cancelled; waiting->scheduled|running '
+'(a node whose child ended is claimed)|paused|completed|failed|cancelled; '
+'paused->scheduled|waiting|completed (its last block ended while it was paused: a timer, '
+'a signal, an external worker''s report)|failed|cancelled; failed->scheduled|waiting|'
+'completed (an operator''s retry; completed when the last step is settled from evidence). '
+'completed and cancelled are final.';
+
 -- the running tasks of a handler, counted for orch8.worker_handler_status
 CREATE INDEX worker_tasks_running_idx ON orch8.worker_tasks (tenant_id, handler)
 WHERE state = 'running';

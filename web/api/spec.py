@@ -54,12 +54,13 @@ Link = tuple[str, Mapping[str, str]]  # (operationId, {parameter: runtime expres
 ERRORS: dict[int, str] = {
     400: "Malformed request: the body is missing (where one is required), not UTF-8 or not JSON.",
     401: "No API key, or an unknown or revoked one.",
-    403: "The key's role may not do this (workers: only GET /instances/{instance_id}; "
-    "auditors: only GET).",
+    403: "The key's role may not do this (workers: only the /workers routes and GET "
+    "/instances/{instance_id}; auditors: only GET).",
     404: "No such resource in the caller's tenant (another tenant's resources are "
     "invisible), or X-Tenant-Id names another tenant and the key is not an admin's.",
     409: "The engine refused the move: an illegal state change (current_state, "
-    "allowed_states), a receipt to resolve first (effect_id), or reload before resolving.",
+    "allowed_states), a receipt to resolve first (effect_id), reload before resolving, or "
+    "(workers) a task this worker no longer holds (current_state, claim_epoch).",
     413: "The body is over 1 MiB.",
     415: "The body is not sent as application/json.",
     422: "Invalid input: every problem with its field path in `problems`, or the engine's "

@@ -283,13 +283,6 @@ def fail(path: TaskPath, json: FailBody) -> FailAnswer:
     A new attempt (after the backoff) is a new task with a new receipt; an unknown
     receipt is retried only as the step's ambiguity mode says. 409: this worker no
     longer holds the task; nothing changed."""
-    if json.not_applied and not json.evidence:
-        raise Problem(
-            422,
-            "invalid input",
-            "not_applied needs evidence (a non-empty object) that nothing was sent",
-            field="evidence",
-        )
     with tenant_tx() as conn:
         row = sqlapi.workers.fail_worker_task(
             conn,

@@ -195,7 +195,12 @@ class Waiting(Answer):
     prompt: str | None = Field(description="what a wait_for_input asks (rendered)")
     choices: list[str] | None = Field(description="the answers a wait_for_input accepts")
     child_instance_id: uuid.UUID | None
-    until: dt.datetime | None = Field(description="its timer: a sleep's end, a timeout; or null")
+    worker_task_id: uuid.UUID | None = Field(
+        description="the task an external worker runs for the step (waiting for worker)"
+    )
+    until: dt.datetime | None = Field(
+        description="its timer: a sleep's end, a timeout, a worker task's close_by; or null"
+    )
     since: dt.datetime
     instance_state: InstanceState
     sequence_name: str

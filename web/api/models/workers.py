@@ -8,7 +8,8 @@ import datetime as dt
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, Strict, StringConstraints
+from pydantic import ConfigDict, Field, Strict, StringConstraints, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from orch8_py import rules
 
@@ -213,6 +214,17 @@ class CompleteAnswer(Answer):
 
 
 class FailBody(Body):
+    model_config = ConfigDict(
+        json_schema_extra={
+            # not_applied needs evidence (orch8.fail_worker_task), in the schema as well
+            "if": {"properties": {"not_applied": {"const": True}}, "required": ["not_applied"]},
+            "then": {
+                "required": ["evidence"],
+                "properties": {"evidence": {"type": "object", "minProperties": 1}},
+            },
+        }
+    )
+
     worker_id: WorkerId
     claim_epoch: ClaimEpoch
     error: Annotated[str, StringConstraints(min_length=1, max_length=10000, pattern=NUL_FREE)]
@@ -226,8 +238,21 @@ class FailBody(Body):
         "receipt is abandoned, not unknown, and a retry is safe; needs evidence",
     )
     evidence: JsonObject | None = Field(
-        default=None, description="with not_applied: what shows nothing was sent (not empty)"
+        default=None,
+        validate_default=True,
+        description="with not_applied: what shows nothing was sent (not empty)",
     )
+
+    @field_validator("evidence")
+    @classmethod
+    def _evidence_given(
+        cls, evidence: dict[str, Any] | None, info: ValidationInfo
+    ) -> dict[str, Any] | None:
+        if info.data.get("not_applied") and not evidence:
+            raise PydanticCustomError(
+                "evidence_needed", "not_applied needs evidence (a non-empty object)"
+            )
+        return evidence
 
 
 class FailAnswer(Answer):
