@@ -255,7 +255,7 @@ SELECT results_eq(
     $$VALUES ('scheduled', false, true, true, true, true, true, true),
              ('running', true, false, true, true, true, true, true),
              ('waiting', true, true, false, true, true, true, true),
-             ('paused', true, false, true, false, false, true, true),
+             ('paused', true, false, true, false, true, true, true),
              ('completed', false, false, false, false, false, false, false),
              ('failed', true, false, true, false, true, false, false),
              ('cancelled', false, false, false, false, false, false, false)$$,
@@ -785,8 +785,8 @@ SELECT throws_ok(
     'O8004', NULL, 'transition_instance: completed -> running is O8004'
 );
 SELECT throws_ok(
-    $$SELECT orch8.transition_instance('tap', pg_temp.id('a'), 'paused', 'completed', 'x')$$,
-    'O8004', NULL, 'transition_instance: paused -> completed is O8004'
+    $$SELECT orch8.transition_instance('tap', pg_temp.id('a'), 'paused', 'running', 'x')$$,
+    'O8004', NULL, 'transition_instance: paused -> running is O8004'
 );
 SELECT throws_ok(
     $$SELECT orch8.transition_instance('tap', pg_temp.id('a'), 'cancelled', 'scheduled', 'x')$$,

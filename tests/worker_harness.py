@@ -99,9 +99,14 @@ class RawWorker:
 
 
 def spawn_worker(
-    api: Api, worker_id: str, log_path: Any, *args: str, key: str | None = None
+    api: Api,
+    worker_id: str,
+    log_path: Any,
+    *args: str,
+    key: str | None = None,
+    module: str = "tests.worker_handlers",
 ) -> subprocess.Popen[bytes]:
-    """`orch8 worker --import tests.worker_handlers` as a real process."""
+    """`orch8 worker --import tests.worker_handlers` (or ``module``) as a real process."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH8_")}
     env.update(ORCH8_API_KEY=key or api.worker_key, PYTHONPATH=os.getcwd())
     log = open(log_path, "ab")  # noqa: SIM115 (closed by the process's exit)
@@ -112,7 +117,7 @@ def spawn_worker(
             "orch8_py",
             "worker",
             "--import",
-            "tests.worker_handlers",
+            module,
             "--url",
             api.base,
             "--worker-id",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Conn, all_rows, one, value
+from .base import Conn, Row, all_rows, one, value
 
 # One statement, small aggregates: (metric, tenant, kind, state, blocking, n, seconds), by a
 # function that reads every tenant's counts whoever calls (the web role included).
@@ -52,3 +52,17 @@ def run_latencies(conn: Conn) -> list[float]:
         )
         if r["seconds"] is not None
     ]
+
+
+def worker_task_lags(conn: Conn) -> list[Row]:
+    """Per completed worker task, seconds from queued to claimed and to completed (from
+    its events; bench/workers.py)."""
+    return all_rows(
+        conn,
+        "SELECT extract(epoch FROM c.recorded_at - q.recorded_at)::float8 AS claimed_s,"
+        " extract(epoch FROM d.recorded_at - q.recorded_at)::float8 AS completed_s"
+        " FROM orch8.worker_task_events AS q"
+        " JOIN orch8.worker_task_events AS c ON c.task_id = q.task_id AND c.event = 'claimed'"
+        " JOIN orch8.worker_task_events AS d ON d.task_id = q.task_id AND d.event = 'completed'"
+        " WHERE q.event = 'queued'",
+    )
