@@ -45,7 +45,7 @@ EFFECT_TRANSITIONS = {'planned': ('prepared', 'abandoned'),
 INSTANCE_TRANSITIONS = {'scheduled': ('running', 'waiting', 'paused', 'completed', 'failed', 'cancelled'),
  'running': ('scheduled', 'waiting', 'paused', 'completed', 'failed', 'cancelled'),
  'waiting': ('scheduled', 'running', 'paused', 'completed', 'failed', 'cancelled'),
- 'paused': ('scheduled', 'waiting', 'failed', 'cancelled'),
+ 'paused': ('scheduled', 'waiting', 'completed', 'failed', 'cancelled'),
  'failed': ('scheduled', 'waiting', 'completed')}
 
 RESOLUTIONS = {'committed': ('compensated',),
