@@ -117,9 +117,12 @@ class Task:
 
 @dataclass
 class Verification:
-    """A verifier try this worker claimed: settle ``effect_id``, whose outcome is unknown."""
+    """A verifier try this worker claimed: settle ``effect_id``, whose outcome is unknown.
+    ``method`` handler: the handler's verifier answers; replay: the handler is called
+    again with the same idempotency key (steps whose provider deduplicates)."""
 
     effect_id: uuid.UUID
+    method: str
     claim_token: uuid.UUID
     handler: str
     params: dict[str, Any]  # as they were dispatched
@@ -499,10 +502,15 @@ class Worker:
     # --- verifier tries ---------------------------------------------------------------
 
     def _verify(self, verification: Verification) -> None:
-        fn = self._all_verifiers().get(verification.handler)
         verdict: Any
+        fn = self._all_verifiers().get(verification.handler)
         try:
-            verdict = fn(verification) if fn is not None else Inconclusive("no verifier registered")
+            if verification.method == "replay":
+                verdict = self._replay(verification)
+            elif fn is None:
+                verdict = Inconclusive("no verifier registered")
+            else:
+                verdict = fn(verification)
         except NotApplied as exc:
             verdict = exc
         except Exception as exc:
@@ -541,6 +549,41 @@ class Worker:
                 "event=verify.report_failed effect=%s error=%r", verification.effect_id, exc
             )
 
+    def _replay(self, v: Verification) -> Any:
+        """The handler called again with the same params and idempotency key: its output
+        means it happened (the provider answered the original request), a refusal the
+        provider gave means it did not; anything else cannot tell."""
+        fn = self._all_handlers().get(v.handler)
+        if fn is None:
+            return Inconclusive(f"handler {v.handler!r} is not registered here")
+        task = Task(
+            task_id=v.effect_id,
+            handler=v.handler,
+            params=v.params,
+            effect_id=v.effect_id,
+            idempotency_key=v.idempotency_key,
+            attempt=v.attempt,
+            claim_epoch=0,
+            instance_id=v.instance_id,
+            block_id=v.block_id,
+            checkpoint=None,
+            lease_ms=0,
+            lease_expires_at=0.0,
+            close_by=dt.datetime.now(dt.UTC),
+        )
+        try:
+            output = fn(task)
+        except NotApplied as exc:
+            if exc.reached:  # the provider refused the very request: nothing under this key
+                return NotApplied(str(exc), {"replay": exc.evidence})
+            return Inconclusive(f"the replay did not reach the provider: {exc}")
+        except Exception as exc:
+            return Inconclusive(f"the replay failed: {type(exc).__name__}: {exc}")
+        return Applied(
+            {"replay": {"idempotency_key": v.idempotency_key, "answered": True}},
+            output=output if output is not None else {},
+        )
+
 
 class _Unavailable(Exception):
     """The API answered, but not now (5xx): try again later."""
@@ -560,6 +603,7 @@ def _failure(
 def _verification(raw: dict[str, Any]) -> Verification:
     return Verification(
         effect_id=uuid.UUID(raw["effect_id"]),
+        method=raw["method"],
         claim_token=uuid.UUID(raw["claim_token"]),
         handler=raw["handler"],
         params=raw["params"],

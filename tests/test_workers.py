@@ -214,13 +214,30 @@ def test_a_worker_serves_the_verifier_of_its_handler(db_url, conn, api, provider
             {"type": "step", "id": "done", "handler": "noop"},
         ],
     )
+    # a replay: the provider deduplicates, so the handler itself is asked again
+    replay_seq = make_sequence(
+        conn,
+        [
+            {
+                "type": "step",
+                "id": "charge",
+                "handler": "test.charge",
+                "params": {"url": provider.url + "/replayed"},
+                "provider_idempotency": True,
+                "retry": {"on_ambiguous": "settle"},
+                "verify": {"replay": True, "schedule": [100, 100]},
+            }
+        ],
+    )
     provider.reply("/charge", status=504)  # ambiguous: it may have been charged
     provider.reply("/lookup", json={"receipt_id": "ch_found"})
+    provider.reply("/replayed", status=503).reply("/replayed", json={"receipt_id": "ch_same"})
     worker = spawn_worker(api, "w1", tmp_path / "w1.log")
     try:
         with running(db_url):
             inst = start(conn, lookup_seq, {})
-            states = wait_for(conn, [inst], timeout=60)
+            replayed = start(conn, replay_seq, {})
+            states = wait_for(conn, [inst, replayed], timeout=60)
     finally:
         stop(worker)
     assert states[inst][0] == "completed"
@@ -229,6 +246,17 @@ def test_a_worker_serves_the_verifier_of_its_handler(db_url, conn, api, provider
     assert len(provider.requests_to("/charge")) == 1
     [lookup] = provider.requests_to("/lookup")
     assert lookup.query == f"key={key}"
+
+    assert states[replayed][0] == "completed"
+    [(attempt, state, key)] = receipts(conn, replayed)
+    assert (attempt, state) == (0, "verified"), "settled by a replay under the same key"
+    calls = provider.requests_to("/replayed")
+    assert [c.headers["idempotency-key"] for c in calls] == [key, key]
+    output = conn.execute(
+        "SELECT output FROM orch8.block_outputs WHERE instance_id = %s AND sentinel IS NULL",
+        (replayed,),
+    ).fetchone()[0]
+    assert output["receipt_id"] == "ch_same"
 
 
 # --- by hand: fencing, the long-poll, tenants and roles ------------------------------------

@@ -128,19 +128,22 @@ def claim_worker_verifications(
     tenant_id: str,
     worker_id: str,
     verifiers: list[str],
+    handlers: list[str],
     max_tries: int,
     lease_ms: int,
 ) -> list[Row]:
-    """Up to ``max_tries`` due verifier tries of the receipts of these handlers."""
+    """Up to ``max_tries`` due verifier tries: by the verifier of one of ``verifiers``
+    (verify.handler), or a replay by one of ``handlers`` (verify.replay)."""
     return all_rows(
         conn,
         "SELECT * FROM orch8.claim_worker_verifications(p_tenant_id => %(tenant)s,"
         " p_worker_id => %(worker)s, p_verifiers => %(verifiers)s, p_max => %(max)s,"
-        " p_lease_ms => %(lease)s)",
+        " p_lease_ms => %(lease)s, p_handlers => %(handlers)s)",
         {
             "tenant": tenant_id,
             "worker": worker_id,
             "verifiers": verifiers,
+            "handlers": handlers,
             "max": max_tries,
             "lease": lease_ms,
         },

@@ -762,10 +762,12 @@ CREATE OR REPLACE FUNCTION orch8.claim_worker_verifications(
     p_worker_id text,
     p_verifiers text[],
     p_max integer DEFAULT 1,
-    p_lease_ms integer DEFAULT 30000
+    p_lease_ms integer DEFAULT 30000,
+    p_handlers text[] DEFAULT NULL
 )
 RETURNS TABLE (
     effect_id uuid,
+    method text,
     claim_token uuid,
     try_number integer,
     tries integer,
@@ -789,7 +791,8 @@ BEGIN
         FROM orch8.effect_verifications AS v
         WHERE v.tenant_id = p_tenant_id AND v.state = 'pending' AND v.next_at <= orch8.now()
           AND v.tries < cardinality(v.schedule)
-          AND v.method = 'handler' AND v.handler = ANY (p_verifiers)
+          AND ((v.method = 'handler' AND v.handler = ANY (p_verifiers))
+               OR (v.method = 'replay' AND v.handler = ANY (p_handlers)))
           -- dispatched to a worker: the task kept the params as sent
           AND EXISTS (SELECT 1 FROM orch8.worker_tasks AS w
                       WHERE w.tenant_id = v.tenant_id AND w.effect_id = v.effect_id)
@@ -808,7 +811,8 @@ BEGIN
         WHERE v.tenant_id = d.tenant_id AND v.effect_id = d.effect_id
         RETURNING v.*
     )
-    SELECT c.effect_id, c.lease_token, c.tries, cardinality(c.schedule), c.lease_expires_at,
+    SELECT c.effect_id, c.method, c.lease_token, c.tries, cardinality(c.schedule),
+           c.lease_expires_at,
            w.handler::text, w.params, r.idempotency_key, r.attempt, r.instance_id, r.block_id,
            jsonb_build_object('id', r.id, 'state', r.state, 'kind', r.kind,
                               'provider_receipt_id', r.provider_receipt_id, 'error', r.error,
@@ -821,13 +825,16 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION orch8.claim_worker_verifications(text, text, text[], integer, integer) IS
+COMMENT ON FUNCTION orch8.claim_worker_verifications(
+    text, text, text[], integer, integer, text[]
+) IS
 'A worker''s claim of verifier tries it can run: up to p_max due pending verifications of '
-'the tenant whose step declares verify.handler and whose handler is among p_verifiers, '
-'for receipts dispatched to workers (FOR UPDATE SKIP LOCKED; the try counted, a lease of '
-'p_lease_ms with a fresh claim token). Answers the receipt, the params as dispatched '
-'(from the task), the idempotency key, the try and the tries. The verdict: '
-'record_worker_verdict.';
+'the tenant, for receipts dispatched to workers: method handler (verify.handler) whose '
+'handler is among p_verifiers, method replay (verify.replay: the handler called again '
+'with the same idempotency key) whose handler is among p_handlers (FOR UPDATE SKIP '
+'LOCKED; the try counted, a lease of p_lease_ms with a fresh claim token). Answers the '
+'method, the receipt, the params as dispatched (from the task), the idempotency key, the '
+'try and the tries. The verdict: record_worker_verdict.';
 
 CREATE OR REPLACE FUNCTION orch8.record_worker_verdict(
     p_tenant_id text,

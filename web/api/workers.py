@@ -147,17 +147,15 @@ def _claim(body: PollBody) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             max_tasks=body.max_tasks,
             lease_ms=body.lease_ms,
         )
-        tries = (
-            sqlapi.workers.claim_worker_verifications(
-                conn,
-                tenant_id=g.tenant,
-                worker_id=body.worker_id,
-                verifiers=body.verifiers,
-                max_tries=body.max_tasks,
-                lease_ms=body.lease_ms,
-            )
-            if body.verifiers
-            else []
+        # verifier tries: by a verifier named, or a replay by a handler named
+        tries = sqlapi.workers.claim_worker_verifications(
+            conn,
+            tenant_id=g.tenant,
+            worker_id=body.worker_id,
+            verifiers=body.verifiers,
+            handlers=body.handlers,
+            max_tries=body.max_tasks,
+            lease_ms=body.lease_ms,
         )
     return tasks, tries
 

@@ -111,7 +111,8 @@ class PollBody(Body):
         default_factory=list,
         max_length=rules.LIMITS["worker_poll_handlers"],
         description="the handlers whose verifier this worker runs (steps with verify "
-        "{handler: true}): their due tries come in `verifications`",
+        "{handler: true}): their due tries come in `verifications`, as do replays "
+        "(verify {replay: true}) of the handlers it runs",
     )
     queue: Identifier | None = Field(default=None, description="only this queue's tasks")
     max_tasks: Annotated[int, Field(ge=1, le=rules.LIMITS["worker_poll_tasks"]), Whole] = Field(
@@ -151,6 +152,10 @@ class ClaimedTask(Answer):
 
 class ClaimedVerification(Answer):
     effect_id: uuid.UUID = Field(description="the receipt whose outcome is unknown")
+    method: Literal["handler", "replay"] = Field(
+        description="handler: ask your verifier of the handler; replay: call the handler "
+        "again with the same idempotency key (the provider deduplicates)"
+    )
     claim_token: uuid.UUID = Field(description="name it in the verdict")
     try_number: int = Field(description="this try (1-based)")
     tries: int = Field(description="tries in the step's verify.schedule")
