@@ -12,6 +12,8 @@ retryable StepError with the exception's text.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -154,3 +156,30 @@ Verdict = Applied | NotApplied | Inconclusive
 Verifier = Callable[[dict[str, Any], EffectReceipt, StepContext], Verdict]
 # output_from_evidence(evidence, the receipt, the step's params as sent) -> output or None
 OutputDeriver = Callable[[dict[str, Any], EffectReceipt, dict[str, Any]], Any]
+
+
+def replay_verdict(answer: Callable[[], Any], idempotency_key: str | None) -> Verdict:
+    """What a replay says (verify.replay: the step's handler called again with the same
+    params and idempotency key, for a provider that deduplicates): an answer means the
+    original request was applied, and it is the step's output; a refusal the provider
+    gave (NotApplied with ``reached``) means it was not; NotApplied before reaching it
+    cannot tell. Other exceptions are the caller's to treat as inconclusive. The runner's
+    verifier and an external worker use this one rule."""
+    try:
+        output = answer()
+    except NotApplied as exc:
+        if exc.reached:  # the provider refused the very request: nothing under this key
+            return NotApplied(str(exc), {"replay": exc.evidence})
+        return Inconclusive(f"the replay did not reach the provider: {exc}")
+    evidence: dict[str, Any] = {
+        "replay": {"idempotency_key": idempotency_key, "answered": True},
+        "output_sha256": hashlib.sha256(
+            json.dumps(output, sort_keys=True, default=str).encode()
+        ).hexdigest(),
+    }
+    if isinstance(output, dict) and isinstance(output.get("status"), int):
+        evidence["response"] = {
+            k: output[k] for k in ("status", "headers", "json", "body") if k in output
+        }
+    # the provider receipt id is read from the output in SQL, as for a commit
+    return Applied(evidence, output=output)

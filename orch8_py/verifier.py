@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import hashlib
-import json
 import logging
 import threading
 from collections.abc import Callable
@@ -47,6 +46,7 @@ from .steps import (
     StepContext,
     StepError,
     Verdict,
+    replay_verdict,
 )
 from .templates import VERIFY, TemplateError, params_as_sent, render
 
@@ -292,24 +292,7 @@ class Verifier:
         fn = handlers.get(receipt.handler)
         if fn is None:  # the claim only hands out replays of handlers this runner has
             return Inconclusive(f"handler {receipt.handler!r} is not registered here")
-        try:
-            output = fn(params, ctx)
-        except NotApplied as exc:
-            if exc.reached:  # the provider refused the very request: nothing under this key
-                return NotApplied(str(exc), {"replay": exc.evidence})
-            return Inconclusive(f"the replay did not reach the provider: {exc}")
-        evidence = {
-            "replay": {"idempotency_key": receipt.idempotency_key, "answered": True},
-            "output_sha256": hashlib.sha256(
-                json.dumps(output, sort_keys=True, default=str).encode()
-            ).hexdigest(),
-        }
-        if isinstance(output, dict) and isinstance(output.get("status"), int):
-            evidence["response"] = {
-                k: output[k] for k in ("status", "headers", "json", "body") if k in output
-            }
-        # the provider receipt id is read from the output in SQL, as for a commit
-        return Applied(evidence, output=output)
+        return replay_verdict(lambda: fn(params, ctx), receipt.idempotency_key)
 
     def _handler(
         self,

@@ -49,7 +49,7 @@ from typing import Any
 
 import httpx
 
-from .steps import Applied, Inconclusive, NotApplied, StepError
+from .steps import Applied, Inconclusive, NotApplied, StepError, replay_verdict
 
 __all__ = [
     "Applied",
@@ -550,9 +550,8 @@ class Worker:
             )
 
     def _replay(self, v: Verification) -> Any:
-        """The handler called again with the same params and idempotency key: its output
-        means it happened (the provider answered the original request), a refusal the
-        provider gave means it did not; anything else cannot tell."""
+        """The handler called again with the same params and idempotency key
+        (steps.replay_verdict says what its answer means)."""
         fn = self._all_handlers().get(v.handler)
         if fn is None:
             return Inconclusive(f"handler {v.handler!r} is not registered here")
@@ -571,18 +570,7 @@ class Worker:
             lease_expires_at=0.0,
             close_by=dt.datetime.now(dt.UTC),
         )
-        try:
-            output = fn(task)
-        except NotApplied as exc:
-            if exc.reached:  # the provider refused the very request: nothing under this key
-                return NotApplied(str(exc), {"replay": exc.evidence})
-            return Inconclusive(f"the replay did not reach the provider: {exc}")
-        except Exception as exc:
-            return Inconclusive(f"the replay failed: {type(exc).__name__}: {exc}")
-        return Applied(
-            {"replay": {"idempotency_key": v.idempotency_key, "answered": True}},
-            output=output if output is not None else {},
-        )
+        return replay_verdict(lambda: fn(task), v.idempotency_key)
 
 
 class _Unavailable(Exception):
