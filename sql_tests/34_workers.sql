@@ -6,7 +6,7 @@
 -- concurrency slot; verifiers served by workers; the event trail. Time starts at
 -- 2031-05-01 12:00 and only moves forward.
 BEGIN;
-SELECT plan(137);
+SELECT plan(138);
 SELECT set_config('orch8.fake_now', '2031-05-01 12:00:00+00', true);
 SELECT set_config('tap.tenant', 'workers', true);
 
@@ -643,6 +643,11 @@ SELECT is_empty(
     'not before its first delay'
 );
 SELECT set_config('orch8.fake_now', '2031-05-01 12:24:03+00', true);
+SELECT is_empty(
+    $$SELECT * FROM orch8.claim_verifications(
+          'a-runner', 5, '1 minute', ARRAY['pay.charge'], ARRAY['pay.charge'])$$,
+    'a runner with a pay.charge of its own does not take a worker''s verifier try'
+);
 SELECT is(
     (SELECT (
         c.params, c.try_number, c.tries, c.handler,

@@ -30,6 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 PATRONI = "/usr/bin/patroni"
 ETCD = "/usr/bin/etcd"
 PG_BIN = "/usr/lib/postgresql/15/bin"
@@ -349,6 +351,32 @@ class Cluster:
 
         found: Node = wait_until(healthy, timeout, "a leader with every standby streaming")
         return found
+
+    def wait_replayed(self, leader: Node, timeout: float = 60) -> None:
+        """Until every other running node has replayed all the leader has written so far
+        (streaming is not enough: a standby may stream and still be behind), so that what
+        a test loses on purpose afterwards is only what follows."""
+        with psycopg.connect(leader.url, autocommit=True, connect_timeout=5) as conn:
+            lsn = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+        others = [
+            self.node(m["name"])
+            for m in self.members()
+            if m["name"] != leader.name and m["state"] in ("running", "streaming")
+        ]
+
+        def replayed(node: Node) -> bool:
+            try:
+                with psycopg.connect(node.url, autocommit=True, connect_timeout=2) as conn:
+                    return bool(
+                        conn.execute(
+                            "SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,)
+                        ).fetchone()[0]
+                    )
+            except psycopg.Error:
+                return False
+
+        for node in others:
+            wait_until(lambda node=node: replayed(node), timeout, f"{node.name} to replay {lsn}")
 
     def stop(self) -> None:
         """Kill everything: the cluster is thrown away, so there is nothing to shut down

@@ -150,6 +150,7 @@ def run_through_failovers(
             wait_count(url, FINISHED, (k + 1) * INSTANCES // (FAILOVERS + 2), 120, "progress")
             leader = cluster.wait_healthy()
             if hold_standbys:
+                cluster.wait_replayed(leader)  # lose only what follows the hold
                 sent = len(provider.requests)
                 leader.relay.hold()  # the standbys stop receiving: what follows is lost
                 patroni_cluster.wait_until(

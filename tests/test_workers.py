@@ -19,8 +19,10 @@ import threading
 import time
 import uuid
 
+import httpx
 import psycopg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from psycopg.types.json import Jsonb
 
 from orch8_py import apikeys
@@ -437,3 +439,59 @@ def test_the_cli_registers_lists_and_shows_tasks(db_url, conn, provider):
     assert_one_line_error(no_key, "ORCH8_API_KEY")
     gone = run_orch8("workers", "unregister", "test.charge", "--tenant", TENANT, env=env)
     assert "unregistered test.charge" in gone.stdout
+
+
+def test_what_waits_on_workers_shows_in_metrics_the_cli_and_the_api(db_url, conn, api, provider):
+    api.register("test.charge")
+    seq = charge_sequence(conn, provider)
+    with running(db_url):
+        inst = start(conn, seq, {"amount": 3})
+        queued = wait_until(
+            lambda: conn.execute(
+                "SELECT id FROM orch8.worker_tasks WHERE instance_id = %s AND state = 'queued'",
+                (inst,),
+            ).fetchone(),
+            what="the task to be queued",
+        )[0]
+
+    def gauges() -> dict:
+        with httpx.Client() as c:
+            text = c.get(api.base + "/metrics").text
+        return {
+            (s.name, s.labels.get("state")): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name.startswith("orch8_worker_task") and s.labels.get("handler") == "test.charge"
+        }
+
+    time.sleep(0.05)  # the oldest queued task has waited a little
+    seen = gauges()
+    assert seen[("orch8_worker_tasks", "queued")] == 1
+    assert seen[("orch8_worker_tasks", "running")] == 0
+    assert seen[("orch8_worker_task_oldest_queued_seconds", None)] > 0
+
+    env = orch8_env(ORCH8_DATABASE_URL=db_url)
+    waiting = run_orch8("instances", "waiting", "--for", "worker", "--tenant", TENANT, env=env)
+    assert f"worker task {queued}" in waiting.stdout, waiting.stdout
+    tasks = run_orch8("workers", "tasks", "--state", "queued", "--tenant", TENANT, env=env)
+    assert str(queued) in tasks.stdout and "test.charge" in tasks.stdout
+    with api.client(api.operator_key) as op:
+        [item] = op.get(f"/instances/{inst}/waiting").json()["items"]
+        assert (item["waiting_for"], item["worker_task_id"]) == ("worker", str(queued))
+        assert op.get("/workers/handlers/test.charge").json()["queued"] == 1
+
+    w = RawWorker(api, "w")
+    try:
+        [task] = w.tasks(["test.charge"])
+        assert w.call(task, "heartbeat").status_code == 200
+        seen = gauges()
+        assert seen[("orch8_worker_tasks", "running")] == 1
+        assert seen[("orch8_worker_task_oldest_queued_seconds", None)] == 0
+        with api.client(api.operator_key) as op:
+            detail = op.get(f"/workers/tasks/{queued}").json()
+            assert [e["event"] for e in detail["events"]] == ["queued", "claimed", "started"]
+            assert detail["events"][1]["worker_id"] == "w"
+            page = op.get("/workers/tasks", params={"state": "running"}).json()
+            assert [t["id"] for t in page["items"]] == [str(queued)]
+    finally:
+        w.close()

@@ -196,6 +196,11 @@ BEGIN
           AND (v.method = 'http'
                OR (v.method = 'replay' AND v.handler = ANY (p_handlers))
                OR (v.method = 'handler' AND v.handler = ANY (p_verifiers)))
+          -- a receipt dispatched to external workers: its replay or verifier is theirs
+          -- (claim_worker_verifications), whatever this runner has of the same name
+          AND (v.method = 'http' OR NOT EXISTS (
+              SELECT 1 FROM orch8.worker_tasks AS w
+              WHERE w.tenant_id = v.tenant_id AND w.effect_id = v.effect_id))
         ORDER BY v.next_at
         LIMIT p_batch
         FOR UPDATE SKIP LOCKED
@@ -232,7 +237,9 @@ COMMENT ON FUNCTION orch8.claim_verifications(text, integer, interval, text[], t
 'The verifier loop''s claim, one round trip: up to p_batch due pending verifications '
 '(FOR UPDATE SKIP LOCKED, oldest next_at first) that this runner can run (http always; '
 'replay when it has the step''s handler, p_handlers; handler when it has the handler''s '
-'verifier, p_verifiers), each with a fresh lease token lasting p_lease plus the try''s '
+'verifier, p_verifiers; replay and handler never for a receipt dispatched to external '
+'workers: claim_worker_verifications), each with a fresh lease token lasting p_lease plus '
+'the try''s '
 'timeout (verification_try_seconds, returned as timeout_seconds), the try counted (a '
 'crash uses it up), and what rendering needs: the receipt, the step definition, the '
 'instance context and progress, and the variables in scope at the step''s node (vars). '
