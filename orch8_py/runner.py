@@ -556,8 +556,11 @@ class Runner:
                 return Finished("stopped")
             effect_id, idempotency_key = began.effect_id, began.idempotency_key
             fault_point("after_dispatch", path)
-        if fn is None:  # not ours, yet dispatched to us: cannot happen (begin_step decides)
-            return self._fail(row, path, attempt, problem)
+        if fn is None:
+            # cannot happen (begin_step queues what workers serve and fails the rest), but
+            # if it did, nothing was sent: settle the receipt so, never leave it dispatched
+            call = Invocation("not_applied", {"not_sent": problem}, problem, retryable=False)
+            return self._finish(row, path, attempt, effect_id, call, None)
 
         timeout = float(block.get("timeout", DEFAULT_STEP_TIMEOUT * 1000)) / 1000
         ctx = StepContext(

@@ -495,3 +495,39 @@ def test_what_waits_on_workers_shows_in_metrics_the_cli_and_the_api(db_url, conn
             assert [t["id"] for t in page["items"]] == [str(queued)]
     finally:
         w.close()
+
+
+def test_a_poll_hands_out_at_most_max_tasks_things_tasks_and_verifier_tries_together(
+    db_url, conn, api, provider
+):
+    api.register("test.charge")
+    seq = charge_sequence(conn, provider, verify={"handler": True, "schedule": [0, 0]})
+    w = RawWorker(api, "w")
+    try:
+        with running(db_url):
+            start(conn, seq, {"amount": 1})
+            [task] = wait_until(lambda: w.tasks(["test.charge"], wait_ms=1000))
+            assert w.call(task, "fail", error="connection reset").status_code == 200
+            wait_until(  # the runner decided: the receipt waits for its verifier
+                lambda: conn.execute(
+                    "SELECT state = 'pending' FROM orch8.effect_verifications WHERE effect_id = %s",
+                    (task["effect_id"],),
+                ).fetchone(),
+                what="the verification",
+            )
+            start(conn, seq, {"amount": 2})
+            wait_until(
+                lambda: conn.execute(
+                    "SELECT 1 FROM orch8.worker_tasks WHERE state = 'queued'"
+                ).fetchone(),
+                what="the second task",
+            )
+            got = []
+            for _ in range(2):
+                resp = w.poll(["test.charge"], verifiers=["test.charge"], max_tasks=1)
+                answer = resp.json()
+                assert len(answer["tasks"]) + len(answer["verifications"]) == 1, answer
+                got.append("task" if answer["tasks"] else "verification")
+    finally:
+        w.close()
+    assert sorted(got) == ["task", "verification"]

@@ -158,7 +158,7 @@ BEGIN
       AND t.current_block IS DISTINCT FROM p_node.path;
     PERFORM orch8.sync_instance(p_inst.tenant_id, p_inst.id, 'runner',
         format('step %s: worker task %s queued for %s', p_node.path, v_id, p_worker.handler));
-    -- wakes the long-polls waiting for this tenant's handler (web/api/task_wakeup.py)
+    -- wakes the long-polls waiting for this tenant's handler (web/api/long_poll.py)
     PERFORM pg_notify('orch8_tasks', json_build_object(
         'tenant', p_inst.tenant_id, 'handler', p_worker.handler)::text);
     RETURN v_id;

@@ -147,15 +147,21 @@ def _claim(body: PollBody) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             max_tasks=body.max_tasks,
             lease_ms=body.lease_ms,
         )
-        # verifier tries: by a verifier named, or a replay by a handler named
-        tries = sqlapi.workers.claim_worker_verifications(
-            conn,
-            tenant_id=g.tenant,
-            worker_id=body.worker_id,
-            verifiers=body.verifiers,
-            handlers=body.handlers,
-            max_tries=body.max_tasks,
-            lease_ms=body.lease_ms,
+        # verifier tries (by a verifier named, or a replay by a handler named) fill what
+        # room the tasks left: a worker gets at most max_tasks things to do
+        room = body.max_tasks - len(tasks)
+        tries = (
+            sqlapi.workers.claim_worker_verifications(
+                conn,
+                tenant_id=g.tenant,
+                worker_id=body.worker_id,
+                verifiers=body.verifiers,
+                handlers=body.handlers,
+                max_tries=room,
+                lease_ms=body.lease_ms,
+            )
+            if room > 0
+            else []
         )
     return tasks, tries
 

@@ -116,7 +116,7 @@ class PollBody(Body):
     )
     queue: Identifier | None = Field(default=None, description="only this queue's tasks")
     max_tasks: Annotated[int, Field(ge=1, le=rules.LIMITS["worker_poll_tasks"]), Whole] = Field(
-        default=1, description="at most this many tasks (and as many verifier tries)"
+        default=1, description="at most this many tasks and verifier tries together"
     )
     wait_ms: Annotated[int, Field(ge=0, le=POLL_WAIT_MS), Whole] = Field(
         default=0,
