@@ -29,6 +29,7 @@ from orch8_py import apikeys
 from tests.cli_helpers import assert_one_line_error, orch8_env, run_orch8
 from tests.http_provider import Provider
 from tests.runner_helpers import TENANT, make_sequence, running, start, wait_for
+from tests.test_console import login
 from tests.worker_harness import RawWorker, serve, spawn_worker, stop, task_of, wait_until
 
 pytestmark = pytest.mark.timeout(240)
@@ -479,6 +480,11 @@ def test_what_waits_on_workers_shows_in_metrics_the_cli_and_the_api(db_url, conn
         [item] = op.get(f"/instances/{inst}/waiting").json()["items"]
         assert (item["waiting_for"], item["worker_task_id"]) == ("worker", str(queued))
         assert op.get("/workers/handlers/test.charge").json()["queued"] == 1
+    console = api.app.test_client()
+    assert login(console, api.operator_key).status_code == 302
+    page = console.get("/console/waiting?for=worker").text
+    assert f'Runs on an external worker: task <code class="worker-task">{queued}</code>' in page
+    assert "verifier" not in page
 
     w = RawWorker(api, "w")
     try:

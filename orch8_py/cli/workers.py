@@ -24,7 +24,6 @@ from .common import (
     command,
     common_flags,
     emit,
-    fmt_age,
     import_flag,
     import_handler_modules,
     table,
@@ -114,7 +113,7 @@ def workers_tasks(args: argparse.Namespace, url: str) -> int:
         )
     text = (
         table(
-            ["task", "handler", "state", "epoch", "worker", "instance", "step", "age", "error"],
+            ["task", "handler", "state", "epoch", "worker", "instance", "step", "queued", "error"],
             [
                 (
                     r["id"],
@@ -124,7 +123,7 @@ def workers_tasks(args: argparse.Namespace, url: str) -> int:
                     r["worker_id"] or "-",
                     r["instance_id"],
                     f"{r['path']}#{r['attempt']}",
-                    fmt_age(r["updated_at"] - r["created_at"]),
+                    ts(r["created_at"]),
                     (r["error"] or "")[:60],
                 )
                 for r in rows
