@@ -212,7 +212,7 @@ BEGIN
             FROM generate_subscripts(p_nodes, 1) AS i
             WHERE (p_nodes[i]).tenant_id = v_key.tenant_id
               AND (p_nodes[i]).rate_limit_key = v_key.key AND v_keep[i]
-                  AND (p_nodes[i]).worker_task_id IS NULL
+              AND (p_nodes[i]).worker_task_id IS NULL
         ) AS s
         WHERE s.rank > v_take.granted
           AND n.tenant_id = (p_nodes[s.i]).tenant_id
