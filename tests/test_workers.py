@@ -537,3 +537,32 @@ def test_a_poll_hands_out_at_most_max_tasks_things_tasks_and_verifier_tries_toge
     finally:
         w.close()
     assert sorted(got) == ["task", "verification"]
+
+
+def test_a_queue_routes_tasks_to_the_workers_that_poll_it(db_url, conn, api, provider, tmp_path):
+    assert api.register("test.charge", queue="gpu")["queue"] == "gpu"
+    seq = charge_sequence(conn, provider)
+    w = RawWorker(api, "elsewhere")
+    worker = None
+    try:
+        with running(db_url):
+            inst = start(conn, seq, {"amount": 4})
+            wait_until(
+                lambda: conn.execute(
+                    "SELECT 1 FROM orch8.worker_tasks WHERE instance_id = %s AND queue = 'gpu'",
+                    (inst,),
+                ).fetchone(),
+                what="the task in queue gpu",
+            )
+            assert w.tasks(["test.charge"], queue="default") == [], "another queue's poll"
+            worker = spawn_worker(api, "gpu-1", tmp_path / "gpu.log", "--queue", "gpu")
+            assert wait_for(conn, [inst])[inst][0] == "completed"
+        with api.client(api.operator_key) as op:
+            mine = op.get("/workers/tasks", params={"instance_id": str(inst)}).json()["items"]
+            assert [(t["queue"], t["worker_id"]) for t in mine] == [("gpu", "gpu-1")]
+            other = op.get("/workers/tasks", params={"handler": "nobody.else"}).json()
+            assert other["items"] == []
+    finally:
+        w.close()
+        if worker is not None:
+            stop(worker)
