@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import sys
+import time
 import uuid
 from collections.abc import Callable
 
 from .. import db, rules, sqlapi
 from ..errors import EffectBlocked, InvalidInput, NotFound
-from ..sqlapi.base import NO_OUTPUT, Conn
+from ..sqlapi.base import NO_OUTPUT, Conn, Row
 from ..tree_rows import TreeNode, as_json, nest
 from .bulk import add_parser as add_bulk_parser
 from .common import (
@@ -35,22 +38,27 @@ from .common import (
 from .effects import resolve_hint
 
 
+def find_sequence(conn: Conn, args: argparse.Namespace) -> Row:
+    seq = sqlapi.sequences.get_sequence(
+        conn,
+        tenant_id=args.tenant,
+        namespace=args.namespace,
+        name=args.sequence,
+        version=args.version,
+    )
+    if seq is None:
+        raise NotFound(
+            f"sequence {args.namespace}/{args.sequence} not found in tenant {args.tenant!r}; "
+            "create it with `orch8 sequences create`"
+        )
+    return seq
+
+
 @command
 def instances_start(args: argparse.Namespace, url: str) -> int:
     data = json_object(args.data, "--data") or {}
     with db.connect(url, autocommit=True) as conn:
-        seq = sqlapi.sequences.get_sequence(
-            conn,
-            tenant_id=args.tenant,
-            namespace=args.namespace,
-            name=args.sequence,
-            version=args.version,
-        )
-        if seq is None:
-            raise NotFound(
-                f"sequence {args.namespace}/{args.sequence} not found in tenant {args.tenant!r}; "
-                "create it with `orch8 sequences create`"
-            )
+        seq = find_sequence(conn, args)
         made = sqlapi.instances.create_instance(
             conn,
             tenant_id=args.tenant,
@@ -67,6 +75,94 @@ def instances_start(args: argparse.Namespace, url: str) -> int:
     }
     note = " (existing instance for this idempotency key)" if made.deduplicated else ""
     emit(result, args.json, f"instance {made.id} {made.state}{note}")
+    return EXIT_OK
+
+
+ITEM_FIELDS = ("data", "config", "priority", "idempotency_key")
+
+
+def read_items(path: str) -> list[dict[str, object]]:
+    """JSON Lines (``-``: stdin): one instance per non-empty line, {data, config, priority,
+    idempotency_key}, each optional. Every line is read and checked before anything starts:
+    InvalidInput naming the first bad line."""
+    try:
+        if path == "-":
+            lines = sys.stdin.read().splitlines()
+        else:
+            with open(path, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+    except OSError as exc:
+        raise InvalidInput(f"--file {path}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise InvalidInput(f"--file {path}: not UTF-8 text") from None
+    items: list[dict[str, object]] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InvalidInput(f"--file {path} line {number}: not JSON ({exc.msg})") from None
+        if not isinstance(item, dict):
+            raise InvalidInput(f"--file {path} line {number}: an instance must be a JSON object")
+        unknown = sorted(set(item) - set(ITEM_FIELDS))
+        if unknown:
+            raise InvalidInput(
+                f"--file {path} line {number}: unknown field(s) {', '.join(unknown)}"
+                f" (allowed: {', '.join(ITEM_FIELDS)})"
+            )
+        items.append(item)
+    if not items:
+        raise InvalidInput(f"--file {path}: no instances (one JSON object per line)")
+    return items
+
+
+@command
+def instances_start_many(args: argparse.Namespace, url: str) -> int:
+    items = read_items(args.file)
+    batch = args.batch
+    if not 1 <= batch <= rules.LIMITS["create_batch"]:
+        raise InvalidInput(f"--batch must be 1 to {rules.LIMITS['create_batch']}")
+    started = deduplicated = 0
+    t0 = time.perf_counter()
+    with db.connect(url, autocommit=True) as conn:
+        seq = find_sequence(conn, args)
+        for first in range(0, len(items), batch):
+            chunk = items[first : first + batch]
+            try:
+                made = sqlapi.instances.start_instances(
+                    conn, tenant_id=args.tenant, sequence_id=seq["id"], items=chunk
+                )
+            except InvalidInput as exc:
+                index = exc.facts.get("index")
+                where = f"instance {first + index}" if isinstance(index, int) else "a batch"
+                problem = re.sub(r"^instance \d+: ", "", str(exc))
+                raise InvalidInput(
+                    f"{where} refused after {started + deduplicated} were started "
+                    f"(each batch of {batch} is all or nothing): {problem}",
+                    facts=exc.facts,
+                ) from None
+            fresh = sum(not m.deduplicated for m in made)
+            started += fresh
+            deduplicated += len(made) - fresh
+            print(
+                f"{started + deduplicated}/{len(items)} started",
+                file=sys.stderr,
+                flush=True,
+            )
+    seconds = time.perf_counter() - t0
+    result = {
+        "started": started,
+        "deduplicated": deduplicated,
+        "sequence_version": seq["version"],
+        "seconds": round(seconds, 3),
+    }
+    emit(
+        result,
+        args.json,
+        f"{started} instance(s) started, {deduplicated} already existed "
+        f"(version {seq['version']}, {seconds:.1f} s)",
+    )
     return EXIT_OK
 
 
@@ -439,6 +535,26 @@ def add_parsers(sub: Subparsers) -> None:
     start.add_argument("--priority", type=int, default=0)
     common_flags(start)
     start.set_defaults(db_func=instances_start)
+    many = instsub.add_parser(
+        "start-many",
+        help="start many instances of a sequence from JSON Lines, in batches",
+        description="Start one instance per line of FILE ({data, config, priority, "
+        "idempotency_key}, each optional), a batch per transaction (orch8.create_instances). "
+        "Give every line an idempotency_key to make a rerun after a failure start only "
+        "what is missing.",
+    )
+    many.add_argument("sequence", help="sequence name")
+    many.add_argument("--file", required=True, help="JSON Lines, one instance a line (-: stdin)")
+    many.add_argument("--namespace", default="default")
+    many.add_argument("--version", type=int, default=None, help="default: the latest")
+    many.add_argument(
+        "--batch",
+        type=int,
+        default=rules.LIMITS["create_batch"],
+        help=f"instances per transaction (default and most: {rules.LIMITS['create_batch']})",
+    )
+    common_flags(many)
+    many.set_defaults(db_func=instances_start_many)
     lst = instsub.add_parser("list", help="instances, newest first")
     lst.add_argument("--state", choices=rules.INSTANCE_STATES, default=None)
     lst.add_argument("--sequence", default=None, metavar="NAME", help="only this sequence")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidInput
+from ..rules import LIMITS
 from ..schemas import first_violation
 from .base import NO_OUTPUT, Conn, Jsonb, Row, all_rows, first, objects, value
 
@@ -89,39 +90,92 @@ def create_instance(
     )[0]
 
 
-def require_input_schema(
-    conn: Conn, *, tenant_id: str, sequence_id: uuid.UUID, data: dict[str, Any]
-) -> None:
-    """InvalidInput when ``data`` breaks the sequence's input_schema, with the JSON pointer
-    of the first place it does (facts: field data, pointer, schema_error)."""
+def start_instances(
+    conn: Conn,
+    *,
+    tenant_id: str,
+    sequence_id: uuid.UUID,
+    items: list[dict[str, Any]],
+    next_fire_at: dt.datetime | None = None,
+) -> list[Created]:
+    """Start a batch in one call and one transaction (orch8.create_instances, at most the
+    limit create_batch): each item {data, config, priority, idempotency_key}, one Created
+    per item in order. Every item's data is checked against the input_schema first; the
+    first that breaks it (or that the engine refuses) starts nothing."""
+    schema = input_schema(conn, tenant_id=tenant_id, sequence_id=sequence_id)
+    if schema is not None:
+        for index, item in enumerate(items):
+            data = item.get("data") if isinstance(item, dict) else None
+            check_input(schema, data if isinstance(data, dict) else {}, index)
+    return objects(
+        conn,
+        Created,
+        "SELECT id, state::text AS state, deduplicated FROM orch8.create_instances("
+        "p_tenant_id => %(tenant)s, p_sequence_id => %(sequence)s, p_items => %(items)s,"
+        " p_next_fire_at => %(at)s) ORDER BY ord",
+        {"tenant": tenant_id, "sequence": sequence_id, "items": Jsonb(items), "at": next_fire_at},
+    )
+
+
+def create_instances(conn: Conn, *, tenant_id: str, sequence_id: uuid.UUID, count: int) -> int:
+    """Start ``count`` instances of one sequence whose data is {"n": 1..count} (the bench),
+    in batches of the limit create_batch built in the database."""
+    require_input_schema(conn, tenant_id=tenant_id, sequence_id=sequence_id, data={"n": 1})
+    created = 0
+    while created < count:
+        made: int = value(
+            conn,
+            "SELECT count(*) FROM orch8.create_instances(%(tenant)s, %(sequence)s,"
+            " (SELECT jsonb_agg(jsonb_build_object('data', jsonb_build_object('n', g)))"
+            "  FROM generate_series(%(first)s::integer, %(last)s::integer) AS g))",
+            {
+                "tenant": tenant_id,
+                "sequence": sequence_id,
+                "first": created + 1,
+                "last": min(count, created + LIMITS["create_batch"]),
+            },
+        )
+        created += made
+    return created
+
+
+def input_schema(conn: Conn, *, tenant_id: str, sequence_id: uuid.UUID) -> dict[str, Any] | None:
+    """The sequence's input_schema, or None."""
     schema = value(
         conn,
         "SELECT definition -> 'input_schema' FROM orch8.sequences"
         " WHERE tenant_id = %(tenant)s AND id = %(id)s",
         {"tenant": tenant_id, "id": sequence_id},
     )
-    if not isinstance(schema, dict):
-        return
+    return schema if isinstance(schema, dict) else None
+
+
+def check_input(schema: dict[str, Any], data: dict[str, Any], index: int | None = None) -> None:
+    """InvalidInput when ``data`` breaks ``schema``, with the JSON pointer of the first
+    place it does (facts: field data, pointer, schema_error, and in a batch the item's
+    index)."""
     found = first_violation(schema, data)
-    if found is not None:
-        pointer, message = found
-        raise InvalidInput(
-            f"data does not match the sequence's input_schema at {pointer}: {message}",
-            facts={"field": "data", "pointer": pointer, "schema_error": message},
-        )
-
-
-def create_instances(conn: Conn, *, tenant_id: str, sequence_id: uuid.UUID, count: int) -> int:
-    """Start ``count`` instances of one sequence whose data is {"n": 1..count} (the bench)."""
-    require_input_schema(conn, tenant_id=tenant_id, sequence_id=sequence_id, data={"n": 1})
-    created: int = value(
-        conn,
-        "SELECT count(*) FROM generate_series(1, %(count)s) AS g,"
-        " LATERAL orch8.create_instance(p_tenant_id => %(tenant)s,"
-        " p_sequence_id => %(sequence)s, p_data => jsonb_build_object('n', g)) AS ci",
-        {"tenant": tenant_id, "sequence": sequence_id, "count": count},
+    if found is None:
+        return
+    pointer, message = found
+    facts: dict[str, Any] = {"field": "data", "pointer": pointer, "schema_error": message}
+    where = ""
+    if index is not None:
+        facts["index"] = index
+        where = f"instance {index}: "
+    raise InvalidInput(
+        f"{where}data does not match the sequence's input_schema at {pointer}: {message}",
+        facts=facts,
     )
-    return created
+
+
+def require_input_schema(
+    conn: Conn, *, tenant_id: str, sequence_id: uuid.UUID, data: dict[str, Any]
+) -> None:
+    """InvalidInput when ``data`` breaks the sequence's input_schema (check_input)."""
+    schema = input_schema(conn, tenant_id=tenant_id, sequence_id=sequence_id)
+    if schema is not None:
+        check_input(schema, data)
 
 
 def get_instance(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID) -> Row | None:

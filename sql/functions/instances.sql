@@ -19,42 +19,92 @@ COMMENT ON FUNCTION orch8.attribute_transition(text, text) IS
 'instance_transitions (the actor as attributed_actor sees it). An actor over actor_chars: '
 'O8008.';
 
-CREATE OR REPLACE FUNCTION orch8.create_instance(
+CREATE OR REPLACE FUNCTION orch8.create_instances(
     p_tenant_id text,
     p_sequence_id uuid,
-    p_data jsonb DEFAULT '{}',
-    p_config jsonb DEFAULT '{}',
-    p_priority integer DEFAULT 0,
-    p_idempotency_key text DEFAULT NULL,
+    p_items jsonb,
     p_next_fire_at timestamptz DEFAULT NULL,
     p_parent_instance_id uuid DEFAULT NULL,
     p_parent_path text DEFAULT NULL
 )
-RETURNS TABLE (id uuid, state orch8.instance_state, deduplicated boolean)
+RETURNS TABLE (ord integer, id uuid, state orch8.instance_state, deduplicated boolean)
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_seq orch8.sequences;
-    v_context jsonb;
     v_limit integer := coalesce(
         nullif(current_setting('orch8.max_context_bytes', true), '')::integer,
         orch8.limit_of('context_bytes'));
-    v_row orch8.task_instances;
+    v_key_limit integer := orch8.limit_of('idempotency_key_bytes');
     v_depth integer := 0;
+    v_count integer;
+    v_bad record;
+    v_ids uuid[];
+    v_new orch8.task_instances[];
+    v_inst orch8.task_instances;
+    v_first jsonb;
+    v_claimable boolean;
 BEGIN
     PERFORM orch8.require_tenant(p_tenant_id);  -- the web role acts in its sealed tenant
-    IF octet_length(p_idempotency_key) NOT BETWEEN 1 AND orch8.limit_of('idempotency_key_bytes')
-    THEN
-        RAISE EXCEPTION 'idempotency key must be 1 to % bytes',
-            orch8.limit_of('idempotency_key_bytes')
+    IF jsonb_typeof(p_items) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'items must be a JSON array of instances' USING ERRCODE = 'O8008',
+            DETAIL = json_build_object('field', 'items')::text;
+    END IF;
+    v_count := jsonb_array_length(p_items);
+    IF v_count > orch8.limit_of('create_batch') THEN
+        RAISE EXCEPTION '% instances in one call, over the limit create_batch (%)',
+            v_count, orch8.limit_of('create_batch')
+            USING ERRCODE = 'O8008',
+                  DETAIL = json_build_object('field', 'items',
+                                             'limit', orch8.limit_of('create_batch'))::text,
+                  HINT = 'start them in several calls';
+    END IF;
+    -- The first item that cannot start refuses the whole call: nothing is half-written.
+    SELECT i.n - 1 AS idx, p.problem, p.field, p.lim, p.size INTO v_bad
+    FROM jsonb_array_elements(p_items) WITH ORDINALITY AS i (item, n)
+    CROSS JOIN LATERAL (SELECT
+        CASE WHEN jsonb_typeof(i.item) = 'object' THEN i.item END AS o) AS x
+    CROSS JOIN LATERAL (SELECT
+        octet_length(jsonb_build_object(
+            'data', coalesce(nullif(x.o -> 'data', 'null'), '{}'),
+            'config', coalesce(nullif(x.o -> 'config', 'null'), '{}'),
+            'runtime', '{}'::jsonb)::text) AS ctx,
+        x.o ->> 'idempotency_key' AS key) AS c
+    CROSS JOIN LATERAL (SELECT * FROM (VALUES
+        (1, x.o IS NULL, 'an instance must be a JSON object', 'items', NULL::integer, NULL::integer),
+        (2, EXISTS (SELECT 1 FROM jsonb_object_keys(x.o) AS k
+                    WHERE k NOT IN ('data', 'config', 'priority', 'idempotency_key')),
+         'unknown field(s): ' || (SELECT string_agg(k, ', ' ORDER BY k) FROM jsonb_object_keys(x.o) AS k
+                                  WHERE k NOT IN ('data', 'config', 'priority', 'idempotency_key')),
+         'items', NULL, NULL),
+        (3, coalesce(jsonb_typeof(x.o -> 'data'), 'object') NOT IN ('object', 'null')
+            OR coalesce(jsonb_typeof(x.o -> 'config'), 'object') NOT IN ('object', 'null'),
+         'instance data and config must be JSON objects', 'data', NULL, NULL),
+        (4, coalesce(jsonb_typeof(x.o -> 'priority'), 'null') NOT IN ('number', 'null')
+            OR (jsonb_typeof(x.o -> 'priority') = 'number'
+                AND ((x.o ->> 'priority')::numeric <> trunc((x.o ->> 'priority')::numeric)
+                     OR (x.o ->> 'priority')::numeric NOT BETWEEN -2147483648 AND 2147483647)),
+         'priority must be a 32-bit integer', 'priority', NULL, NULL),
+        (5, coalesce(jsonb_typeof(x.o -> 'idempotency_key'), 'null') NOT IN ('string', 'null')
+            OR octet_length(c.key) NOT BETWEEN 1 AND v_key_limit,
+         format('idempotency key must be 1 to %s bytes', v_key_limit), 'idempotency_key',
+         v_key_limit, NULL),
+        (6, c.ctx > v_limit,
+         format('instance context is %s bytes, over the limit of %s bytes', c.ctx, v_limit),
+         'context', v_limit, c.ctx)
+    ) AS v (rank, bad, problem, field, lim, size)
+    WHERE v.bad ORDER BY v.rank LIMIT 1) AS p
+    ORDER BY i.n LIMIT 1;
+    IF found THEN
+        RAISE EXCEPTION '%', CASE WHEN v_count > 1 THEN format('instance %s: %s', v_bad.idx, v_bad.problem)
+                                  ELSE v_bad.problem END
             USING ERRCODE = 'O8008',
                   DETAIL = json_build_object(
-                      'field', 'idempotency_key',
-                      'limit', orch8.limit_of('idempotency_key_bytes'))::text;
-    END IF;
-    IF jsonb_typeof(coalesce(p_data, '{}')) <> 'object'
-       OR jsonb_typeof(coalesce(p_config, '{}')) <> 'object' THEN
-        RAISE EXCEPTION 'instance data and config must be JSON objects' USING ERRCODE = 'O8008';
+                      'field', v_bad.field, 'limit', v_bad.lim, 'size', v_bad.size,
+                      'index', v_bad.idx)::text,
+                  HINT = CASE WHEN v_bad.field = 'context'
+                      THEN 'store large payloads elsewhere and pass a reference '
+                           '(the limit is the setting orch8.max_context_bytes)' ELSE '' END;
     END IF;
     SELECT * INTO v_seq FROM orch8.sequences AS s
      WHERE s.tenant_id = p_tenant_id AND s.id = p_sequence_id;
@@ -78,66 +128,142 @@ BEGIN
                                                  'limit', orch8.limit_of('sub_sequence_depth'))::text;
         END IF;
     END IF;
-    v_context := jsonb_build_object(
-        'data', coalesce(p_data, '{}'), 'config', coalesce(p_config, '{}'), 'runtime', '{}'::jsonb);
-    IF octet_length(v_context::text) > v_limit THEN
-        RAISE EXCEPTION 'instance context is % bytes, over the limit of % bytes',
-            octet_length(v_context::text), v_limit
-            USING ERRCODE = 'O8008',
-                  DETAIL = json_build_object('field', 'context', 'limit', v_limit,
-                                             'size', octet_length(v_context::text))::text,
-                  HINT = 'store large payloads elsewhere and pass a reference '
-                         '(the limit is the setting orch8.max_context_bytes)';
-    END IF;
-
-    PERFORM orch8.attribute_transition('create', NULL);
-    INSERT INTO orch8.task_instances AS t (
-        tenant_id, sequence_id, sequence_version, context, next_fire_at, priority,
-        parent_instance_id, parent_path, depth, idempotency_key, concurrency_key,
-        max_concurrency, sla_at
-    ) VALUES (
-        p_tenant_id, v_seq.id, v_seq.version, v_context,
-        coalesce(p_next_fire_at, orch8.now()), coalesce(p_priority, 0),
-        p_parent_instance_id, p_parent_path, v_depth, p_idempotency_key,
-        -- rendered before the id exists: {{ instance_id }} in it is refused by the validator
-        orch8.render_key(v_seq.definition ->> 'concurrency_key', v_context, NULL),
-        (v_seq.definition ->> 'max_concurrency')::integer,
-        -- the sla counts from when it is due to start
-        coalesce(p_next_fire_at, orch8.now())
-        + orch8.duration_ms(v_seq.definition -> 'sla') * interval '1 millisecond'
-    )
-    ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
-    RETURNING t.* INTO v_row;
-
-    IF v_row.id IS NULL THEN  -- the key was used before: hand back that instance
-        SELECT * INTO STRICT v_row FROM orch8.task_instances AS t
-         WHERE t.tenant_id = p_tenant_id AND t.idempotency_key = p_idempotency_key;
-        RETURN QUERY SELECT v_row.id, v_row.state, true;
+    IF v_count = 0 THEN
         RETURN;
     END IF;
-    -- the tree: the root list and its first block, ready at next_fire_at
-    PERFORM orch8.start_list(v_row, '', NULL, NULL, ARRAY['blocks'], '{}');
+
+    v_first := v_seq.definition -> 'blocks' -> 0;
+    v_claimable := v_first IS NOT NULL AND orch8.claimable_block(v_first);
+    -- ids chosen first, so that each item finds its own row afterwards (a repeated key
+    -- inserts nothing and answers the instance that holds it)
+    SELECT array_agg(gen_random_uuid()) INTO v_ids FROM generate_series(1, v_count);
+    PERFORM orch8.attribute_transition('create', NULL);
+    WITH items AS (
+        SELECT i.n::integer AS n,
+               jsonb_build_object(
+                   'data', coalesce(nullif(i.item -> 'data', 'null'), '{}'),
+                   'config', coalesce(nullif(i.item -> 'config', 'null'), '{}'),
+                   'runtime', '{}'::jsonb) AS context,
+               coalesce((i.item ->> 'priority')::integer, 0) AS priority,
+               i.item ->> 'idempotency_key' AS key
+        FROM jsonb_array_elements(p_items) WITH ORDINALITY AS i (item, n)
+    ), made AS (
+        INSERT INTO orch8.task_instances AS t (
+            id, tenant_id, sequence_id, sequence_version, context, next_fire_at, priority,
+            parent_instance_id, parent_path, depth, idempotency_key, concurrency_key,
+            max_concurrency, sla_at, current_block
+        )
+        SELECT v_ids[it.n], p_tenant_id, v_seq.id, v_seq.version, it.context,
+               coalesce(p_next_fire_at, orch8.now()), it.priority,
+               p_parent_instance_id, p_parent_path, v_depth, it.key,
+               -- rendered before the id exists: {{ instance_id }} in it is refused by the
+               -- validator
+               orch8.render_key(v_seq.definition ->> 'concurrency_key', it.context, NULL),
+               (v_seq.definition ->> 'max_concurrency')::integer,
+               -- the sla counts from when it is due to start
+               coalesce(p_next_fire_at, orch8.now())
+               + orch8.duration_ms(v_seq.definition -> 'sla') * interval '1 millisecond',
+               -- what start_block sets for a claimable first block, written once here
+               CASE WHEN v_claimable THEN orch8.child_path('', v_first ->> 'id') END
+        FROM items AS it
+        ORDER BY it.n
+        ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+        RETURNING t AS row
+    )
+    SELECT array_agg(made.row) INTO v_new FROM made;
+
+    -- the tree: each root list and its first block, ready at next_fire_at
+    IF v_claimable THEN
+        -- the whole batch in two statements: start_list's root (already moved past its
+        -- first block) and start_block's ready node
+        INSERT INTO orch8.execution_nodes (
+            tenant_id, instance_id, path, parent_path, block_id, kind, state, selector, vars,
+            priority, position
+        )
+        SELECT i.tenant_id, i.id, '', NULL, NULL, 'sequence', 'running', ARRAY['blocks'],
+               '{}', i.priority, 1
+        FROM unnest(v_new) AS i;
+        PERFORM orch8.insert_ready_nodes(v_new, '', v_first);
+    ELSE
+        FOREACH v_inst IN ARRAY coalesce(v_new, '{}') LOOP
+            PERFORM orch8.start_list(v_inst, '', NULL, NULL, ARRAY['blocks'], '{}');
+        END LOOP;
+    END IF;
     IF p_next_fire_at IS NOT NULL THEN  -- due at another time: a first step's delay after it
         UPDATE orch8.execution_nodes AS n
-        SET next_fire_at = n.next_fire_at + (v_row.next_fire_at - orch8.now())
-        WHERE n.tenant_id = p_tenant_id AND n.instance_id = v_row.id AND n.state = 'ready';
+        SET next_fire_at = n.next_fire_at + (p_next_fire_at - orch8.now())
+        WHERE n.tenant_id = p_tenant_id AND n.state = 'ready'
+          AND n.instance_id = ANY (SELECT i.id FROM unnest(v_new) AS i);
     END IF;
-    -- a first step's delay: the instance is due when its node is
+    -- a first step's delay: the instance is due when its node is (probed per instance, so
+    -- the plan stays an index lookup however stale the table's statistics are)
     UPDATE orch8.task_instances AS t SET next_fire_at = d.at
-    FROM (SELECT min(n.next_fire_at) AS at FROM orch8.execution_nodes AS n
-          WHERE n.tenant_id = p_tenant_id AND n.instance_id = v_row.id
-            AND n.state = 'ready') AS d
-    WHERE t.tenant_id = p_tenant_id AND t.id = v_row.id AND d.at > t.next_fire_at;
-    PERFORM pg_notify('orch8_work', '');
-    -- a definition with nothing to run (stored before blocks were required) ends here
-    RETURN QUERY SELECT v_row.id,
-        CASE WHEN EXISTS (SELECT 1 FROM orch8.execution_nodes AS n
-                          WHERE n.tenant_id = p_tenant_id AND n.instance_id = v_row.id
-                            AND n.state = 'ready')
-             THEN v_row.state
-             ELSE orch8.sync_instance(p_tenant_id, v_row.id, 'create') END,
-        false;
+    FROM unnest(v_new) AS i
+    CROSS JOIN LATERAL (
+        SELECT min(n.next_fire_at) AS at FROM orch8.execution_nodes AS n
+        WHERE n.tenant_id = p_tenant_id AND n.instance_id = i.id AND n.state = 'ready') AS d
+    WHERE t.tenant_id = p_tenant_id AND t.id = i.id AND d.at > t.next_fire_at;
+    IF NOT v_claimable THEN
+        -- a tree that ended at once (no blocks, stored before blocks were required; empty
+        -- branches) settles its instance now
+        PERFORM orch8.sync_instance(p_tenant_id, i.id, 'create')
+        FROM unnest(v_new) AS i
+        WHERE NOT EXISTS (SELECT 1 FROM orch8.execution_nodes AS n
+                          WHERE n.tenant_id = p_tenant_id AND n.instance_id = i.id
+                            AND n.state = 'ready');
+    END IF;
+    IF v_new IS NOT NULL THEN
+        PERFORM pg_notify('orch8_work', '');
+    END IF;
+    RETURN QUERY
+    SELECT (i.n - 1)::integer, t.id, t.state, t.id IS DISTINCT FROM v_ids[i.n]
+    FROM jsonb_array_elements(p_items) WITH ORDINALITY AS i (item, n)
+    CROSS JOIN LATERAL (
+        SELECT s.id, s.state FROM orch8.task_instances AS s
+        WHERE s.tenant_id = p_tenant_id
+          AND (s.id = v_ids[i.n] OR s.idempotency_key = i.item ->> 'idempotency_key')
+        ORDER BY s.id = v_ids[i.n] DESC LIMIT 1) AS t
+    ORDER BY i.n;
 END
+$$;
+
+COMMENT ON FUNCTION orch8.create_instances(text, uuid, jsonb, timestamptz, uuid, text) IS
+'Start a batch of instances of one sequence version in one transaction, set-based: '
+'p_items is a JSON array of {data, config, priority, idempotency_key} (each optional; '
+'at most the limit create_batch). Each instance''s context is {data, config, runtime}, its '
+'tree started (the root list, its first block ready at next_fire_at, default now). The '
+'first item that cannot start (not an object, an unknown field, data or config not an '
+'object, priority not a 32-bit integer, an idempotency key outside 1 to '
+'idempotency_key_bytes, a context over orch8.max_context_bytes) refuses the whole call '
+'with O8008 naming its index: nothing is written. One row per item, in order: ord (its '
+'0-based index), the instance, its state, and deduplicated = true when its '
+'idempotency_key was used before (in the tenant, or earlier in the same batch). A child '
+'batch (p_parent_instance_id, p_parent_path) is one level deeper than its parent, at most '
+'sub_sequence_depth (else O8008). The sequence''s input_schema is checked by the front '
+'ends (docs/WORKFLOWS.md), not here. Notifies channel orch8_work once.';
+
+CREATE OR REPLACE FUNCTION orch8.create_instance(
+    p_tenant_id text,
+    p_sequence_id uuid,
+    p_data jsonb DEFAULT '{}',
+    p_config jsonb DEFAULT '{}',
+    p_priority integer DEFAULT 0,
+    p_idempotency_key text DEFAULT NULL,
+    p_next_fire_at timestamptz DEFAULT NULL,
+    p_parent_instance_id uuid DEFAULT NULL,
+    p_parent_path text DEFAULT NULL
+)
+RETURNS TABLE (id uuid, state orch8.instance_state, deduplicated boolean)
+LANGUAGE sql
+AS $$
+    -- one instance is a batch of one: the rules live in create_instances only
+    SELECT c.id, c.state, c.deduplicated
+    FROM orch8.create_instances(
+        orch8.require_tenant(p_tenant_id), p_sequence_id,
+        jsonb_build_array(jsonb_build_object(
+            'data', p_data, 'config', p_config, 'priority', p_priority,
+            'idempotency_key', p_idempotency_key)),
+        p_next_fire_at, p_parent_instance_id, p_parent_path) AS c
 $$;
 
 COMMENT ON FUNCTION orch8.create_instance(

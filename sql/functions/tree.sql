@@ -142,6 +142,73 @@ COMMENT ON FUNCTION orch8.lock_node(text, uuid, text) IS
 
 -- Starting ---------------------------------------------------------------------------------
 
+CREATE OR REPLACE FUNCTION orch8.claimable_block(p_block jsonb)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $$
+    SELECT coalesce(p_block ->> 'type', 'step')
+           NOT IN ('parallel', 'race', 'try_catch', 'saga', 'sleep', 'wait_for_signal')
+$$;
+
+COMMENT ON FUNCTION orch8.claimable_block(jsonb) IS
+'Whether starting a block makes one ready node for a runner to claim (a step, loop, '
+'for_each, router, sub_sequence, wait_for_input, or a type this engine does not run, '
+'which the runner fails): everything but parallel, race, try_catch, saga, sleep and '
+'wait_for_signal.';
+
+CREATE OR REPLACE FUNCTION orch8.insert_ready_nodes(
+    p_insts orch8.task_instances[], p_parent text, p_block jsonb
+)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    -- claimable: a step, a composite that first needs a value (loop, for_each, router),
+    -- a sub_sequence; a type this engine does not run is a step the runner fails, naming
+    -- the type
+    WITH b (id, type) AS (SELECT p_block ->> 'id', coalesce(p_block ->> 'type', 'step'))
+    INSERT INTO orch8.execution_nodes (
+        tenant_id, instance_id, path, parent_path, block_id, kind, state, priority, items,
+        next_fire_at, deadline_at, concurrency_key, max_concurrency, rate_limit_key
+    )
+    SELECT
+        i.tenant_id, i.id, orch8.child_path(p_parent, b.id), p_parent, b.id,
+        CASE WHEN b.type IN ('loop', 'for_each', 'router', 'sub_sequence', 'wait_for_input')
+             THEN b.type ELSE 'step' END,
+        'ready', i.priority,
+        CASE b.type WHEN 'loop' THEN '{"asking": "condition"}'::jsonb
+                    WHEN 'for_each' THEN '{"asking": "collection"}'::jsonb
+                    WHEN 'router' THEN '{"asking": "route"}'::jsonb END,
+        -- a step's delay: claimable once it has passed, and its send_window open
+        orch8.window_open_at(
+            CASE WHEN b.type = 'step' THEN p_block -> 'send_window' END,
+            coalesce(orch8.after_ms(orch8.duration_ms(
+                CASE WHEN b.type = 'step' THEN p_block -> 'delay' END)), orch8.now())),
+        -- a step's deadline counts from now, delay and window included
+        orch8.after_ms(orch8.duration_ms(
+            CASE WHEN b.type = 'step' THEN p_block -> 'deadline' END)),
+        -- a step's flow control: its own concurrency key, else its definition's
+        CASE WHEN b.type = 'step' THEN coalesce(
+            orch8.render_key(p_block ->> 'concurrency_key', i.context, i.id),
+            i.concurrency_key) END,
+        CASE WHEN b.type = 'step' THEN CASE WHEN p_block ? 'concurrency_key'
+            THEN (p_block ->> 'max_concurrency')::integer
+            ELSE i.max_concurrency END END,
+        CASE WHEN b.type = 'step' THEN p_block ->> 'rate_limit_key' END
+    FROM unnest(p_insts) AS i
+    CROSS JOIN b;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.insert_ready_nodes(orch8.task_instances[], text, jsonb) IS
+'Start a claimable block (claimable_block) in the list at p_parent of each of p_insts, '
+'in one statement: a ready node (claimable once a step''s delay has passed and its '
+'send_window is open: window_open_at; deadline_at from its deadline; its concurrency key '
+'rendered against the instance''s context, else the instance''s, and its '
+'rate_limit_key). The caller sets the instances'' current_block. start_block starts one; '
+'create_instances starts a whole batch.';
+
 CREATE OR REPLACE FUNCTION orch8.start_block(
     p_inst orch8.task_instances, p_parent text, p_block jsonb
 )
@@ -192,38 +259,8 @@ BEGIN
         PERFORM orch8.list_next(p_inst, v_path);
     ELSIF v_type IN ('sleep', 'wait_for_signal') THEN
         PERFORM orch8.start_wait(p_inst, p_parent, p_block);
-    ELSE
-        -- claimable: a step, a composite that first needs a value (loop, for_each,
-        -- router), a sub_sequence; a type this engine does not run is a step the runner
-        -- fails, naming the type
-        INSERT INTO orch8.execution_nodes (
-            tenant_id, instance_id, path, parent_path, block_id, kind, state, priority, items,
-            next_fire_at, deadline_at, concurrency_key, max_concurrency, rate_limit_key
-        ) VALUES (
-            p_inst.tenant_id, p_inst.id, v_path, p_parent, v_id,
-            CASE WHEN v_type IN ('loop', 'for_each', 'router', 'sub_sequence', 'wait_for_input')
-                 THEN v_type ELSE 'step' END,
-            'ready', p_inst.priority,
-            CASE v_type WHEN 'loop' THEN '{"asking": "condition"}'::jsonb
-                        WHEN 'for_each' THEN '{"asking": "collection"}'::jsonb
-                        WHEN 'router' THEN '{"asking": "route"}'::jsonb END,
-            -- a step's delay: claimable once it has passed, and its send_window open
-            orch8.window_open_at(
-                CASE WHEN v_type = 'step' THEN p_block -> 'send_window' END,
-                coalesce(orch8.after_ms(orch8.duration_ms(
-                    CASE WHEN v_type = 'step' THEN p_block -> 'delay' END)), orch8.now())),
-            -- a step's deadline counts from now, delay and window included
-            orch8.after_ms(orch8.duration_ms(
-                CASE WHEN v_type = 'step' THEN p_block -> 'deadline' END)),
-            -- a step's flow control: its own concurrency key, else its definition's
-            CASE WHEN v_type = 'step' THEN coalesce(
-                orch8.render_key(p_block ->> 'concurrency_key', p_inst.context, p_inst.id),
-                p_inst.concurrency_key) END,
-            CASE WHEN v_type = 'step' THEN CASE WHEN p_block ? 'concurrency_key'
-                THEN (p_block ->> 'max_concurrency')::integer
-                ELSE p_inst.max_concurrency END END,
-            CASE WHEN v_type = 'step' THEN p_block ->> 'rate_limit_key' END
-        );
+    ELSE  -- orch8.claimable_block
+        PERFORM orch8.insert_ready_nodes(ARRAY[p_inst], p_parent, p_block);
         UPDATE orch8.task_instances AS t SET current_block = v_path
         WHERE t.tenant_id = p_inst.tenant_id AND t.id = p_inst.id;
     END IF;

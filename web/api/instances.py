@@ -20,6 +20,8 @@ from .models.instances import (
     AnswerInput,
     InputAnswered,
     Instance,
+    InstanceBatchCreate,
+    InstanceBatchCreated,
     InstanceCreate,
     InstanceCreated,
     InstanceListQuery,
@@ -69,6 +71,16 @@ def exists(conn: Conn, instance_id: uuid.UUID) -> None:
         raise not_found(instance_id)
 
 
+def find_sequence(conn: Conn, namespace: str, name: str, version: int | None) -> dict[str, Any]:
+    seq = sqlapi.sequences.get_sequence(
+        conn, tenant_id=g.tenant, namespace=namespace, name=name, version=version
+    )
+    if seq is None:
+        which = f" version {version}" if version is not None else ""
+        raise Problem(404, "not found", f"sequence {namespace}/{name}{which} not found")
+    return seq
+
+
 @bp.post("/instances")
 @operation(
     roles=OPERATOR,
@@ -85,14 +97,7 @@ def create(json: InstanceCreate) -> tuple[InstanceCreated, int]:
     idempotency key was used before in the tenant."""
     namespace = json.namespace or "default"
     with tenant_tx() as conn:
-        seq = sqlapi.sequences.get_sequence(
-            conn, tenant_id=g.tenant, namespace=namespace, name=json.sequence, version=json.version
-        )
-        if seq is None:
-            which = f" version {json.version}" if json.version is not None else ""
-            raise Problem(
-                404, "not found", f"sequence {namespace}/{json.sequence}{which} not found"
-            )
+        seq = find_sequence(conn, namespace, json.sequence, json.version)
         made = sqlapi.instances.create_instance(
             conn,
             tenant_id=g.tenant,
@@ -105,6 +110,41 @@ def create(json: InstanceCreate) -> tuple[InstanceCreated, int]:
         row = load(conn, made.id)
     answer = InstanceCreated.model_validate({**row, "deduplicated": made.deduplicated})
     return answer, 200 if made.deduplicated else 201
+
+
+@bp.post("/bulk/instances/start")
+@operation(
+    roles=OPERATOR,
+    ok={201: InstanceBatchCreated, 200: InstanceBatchCreated},
+    errors=WRITE,
+    tag=TAG,
+    operation_id="createInstances",
+)
+def create_batch(json: InstanceBatchCreate) -> tuple[InstanceBatchCreated, int]:
+    """Start many instances of a sequence in one transaction (orch8.create_instances)
+
+    One answer per item, in order. 201 when at least one instance was started; 200 when
+    every item's idempotency key was used before. An item that cannot start refuses the
+    whole batch (422 naming its index): nothing is written."""
+    with tenant_tx() as conn:
+        seq = find_sequence(conn, json.namespace or "default", json.sequence, json.version)
+        made = sqlapi.instances.start_instances(
+            conn,
+            tenant_id=g.tenant,
+            sequence_id=seq["id"],
+            items=[item.model_dump(exclude_none=True) for item in json.instances],
+        )
+    created = sum(not m.deduplicated for m in made)
+    answer = InstanceBatchCreated.model_validate(
+        {
+            "sequence_id": seq["id"],
+            "sequence_version": seq["version"],
+            "created": created,
+            "deduplicated": len(made) - created,
+            "items": [vars(m) for m in made],
+        }
+    )
+    return answer, 201 if created else 200
 
 
 @bp.get("/instances")

@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import Field
 
+from orch8_py.rules import LIMITS
 from orch8_py.sqlapi.base import NO_OUTPUT
 
 from ..cursors import InstanceCursor
@@ -48,6 +49,42 @@ class InstanceCreate(Body):
     idempotency_key: IdempotencyKey | None = Field(
         default=None, description="a key used before in the tenant answers that instance (200)"
     )
+
+
+class BatchItem(Body):
+    data: JsonObject | None = None
+    config: JsonObject | None = None
+    priority: Int32 | None = Field(default=None, description="default: 0")
+    idempotency_key: IdempotencyKey | None = Field(
+        default=None,
+        description="a key used before in the tenant (or earlier in the batch) answers that "
+        "instance",
+    )
+
+
+class InstanceBatchCreate(Body):
+    sequence: SequenceName = Field(description="the sequence's name")
+    namespace: Identifier | None = Field(default=None, description="default: `default`")
+    version: Version | None = Field(default=None, description="default: the latest")
+    instances: list[BatchItem] = Field(
+        min_length=1,
+        max_length=LIMITS["create_batch"],
+        description="the instances to start, all in one transaction (the limit create_batch)",
+    )
+
+
+class BatchStarted(Answer):
+    id: uuid.UUID
+    state: InstanceState
+    deduplicated: bool = Field(description="true: the idempotency key was used before")
+
+
+class InstanceBatchCreated(Answer):
+    sequence_id: uuid.UUID
+    sequence_version: int
+    created: int = Field(description="instances started by this call")
+    deduplicated: int = Field(description="items answered by an instance started before")
+    items: list[BatchStarted] = Field(description="one per item, in the order given")
 
 
 class InstanceSummary(Answer):
