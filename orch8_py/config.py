@@ -12,6 +12,8 @@ from .errors import ConfigError
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
+# instances one runner works on at once: enough that group commit fills its batches
+DEFAULT_CONCURRENCY = 32
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,7 @@ class Settings:
     heartbeat: float
     grace: float
     verify_interval: float
+    group_commit: bool
 
     @property
     def embedded(self) -> bool:
@@ -58,6 +61,17 @@ def _number(name: str, default: N, cast: Callable[[str], N]) -> N:
     return value
 
 
+def _switch(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("1", "on", "true", "yes"):
+        return True
+    if raw.lower() in ("0", "off", "false", "no"):
+        return False
+    raise ConfigError(f"{name}={raw!r} must be on or off (1/0, true/false)")
+
+
 def load() -> Settings:
     url = os.environ.get("ORCH8_DATABASE_URL") or None
     data_dir = os.environ.get("ORCH8_DATA_DIR")
@@ -72,11 +86,12 @@ def load() -> Settings:
         host=os.environ.get("ORCH8_HOST") or DEFAULT_HOST,
         port=port,
         tick_interval=_number("ORCH8_TICK_INTERVAL", 0.1, float),
-        concurrency=_number("ORCH8_CONCURRENCY", 8, int),
+        concurrency=_number("ORCH8_CONCURRENCY", DEFAULT_CONCURRENCY, int),
         lease=_number("ORCH8_LEASE_SECONDS", 30.0, float),
         heartbeat=_number("ORCH8_HEARTBEAT_SECONDS", 10.0, float),
         grace=_number("ORCH8_GRACE_SECONDS", 30.0, float),
         verify_interval=_number("ORCH8_VERIFY_INTERVAL", 0.5, float),
+        group_commit=_switch("ORCH8_GROUP_COMMIT", True),
     )
     from .db import validate_url  # db imports nothing of ours but errors; keep config light
 

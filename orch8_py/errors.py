@@ -160,12 +160,35 @@ def facts_of(detail: str | None) -> dict[str, Any]:
 def translate(exc: BaseException) -> BaseException:
     """Return the engine exception for a psycopg error with an O8 SQLSTATE, else ``exc``."""
     sqlstate = getattr(exc, "sqlstate", None)
-    cls = BY_SQLSTATE.get(sqlstate or "")
-    if cls is None:
+    if sqlstate not in BY_SQLSTATE:
         return exc
     diag = getattr(exc, "diag", None)
-    message = getattr(diag, "message_primary", None) or str(exc)
-    facts = facts_of(getattr(diag, "message_detail", None))
+    return engine_error(
+        sqlstate,
+        getattr(diag, "message_primary", None) or str(exc),
+        getattr(diag, "message_detail", None),
+        getattr(diag, "message_hint", None),
+    )
+
+
+class BatchedCallFailed(Exception):
+    """A call of a group-committed batch raised an error that is not the engine's own (its
+    subtransaction was undone, the batch's other calls kept): the SQLSTATE and message."""
+
+    def __init__(self, sqlstate: str, message: str) -> None:
+        super().__init__(f"{sqlstate}: {message}")
+        self.sqlstate = sqlstate
+
+
+def engine_error(
+    sqlstate: str, message: str, detail: str | None = None, hint: str | None = None
+) -> Exception:
+    """The exception for an error reported as its parts (a batched call's row): the
+    matching Orch8Error for an engine SQLSTATE, else BatchedCallFailed."""
+    cls = BY_SQLSTATE.get(sqlstate)
+    if cls is None:
+        return BatchedCallFailed(sqlstate, message)
+    facts = facts_of(detail)
     if cls is InvalidInput and "problems" in facts:
         cls = InvalidSequence
-    return cls(message, facts=facts, hint=getattr(diag, "message_hint", None))
+    return cls(message, facts=facts, hint=hint)

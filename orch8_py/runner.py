@@ -35,16 +35,26 @@ from typing import Any, NamedTuple, TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool, PoolClosed
 
-from . import db, metrics, sqlapi
+from . import config, db, metrics, rules, sqlapi
 from . import handlers as registry
-from .errors import NotFound, StaleLease
+from .errors import BatchedCallFailed, NotFound, StaleLease
 from .expression import ExpressionError, truthy
+from .group_commit import Batcher, Closed
 from .instance_state import SqlInstanceState
 from .retry import RetryPolicy
 from .schemas import input_problem, output_problem
 from .scope import evaluate, expression_scope, outputs_seen_from, roots
 from .sqlapi.base import Conn
-from .sqlapi.steps import Claimed, Finished, LostReceipt, Node, StoredSequence
+from .sqlapi.steps import (
+    BeginCall,
+    Claimed,
+    FinishCall,
+    Finished,
+    LostReceipt,
+    Node,
+    Outcome,
+    StoredSequence,
+)
 from .steps import Handler, NotApplied, StepContext, StepError
 from .templates import TemplateError, params_scope, render_params
 from .verifier import Verifier
@@ -70,12 +80,14 @@ RECHECK_WINDOW = 30.0
 RECENT_EFFECTS_KEPT = 10_000
 DEFAULT_STEP_TIMEOUT = 300.0
 CONNECTION_ERRORS = db.CONNECTION_LOST
+# a call of a group-committed batch undone by these is simply sent again
+RETRY_IN_BATCH = ("40P01", "40001")  # deadlock detected, serialization failure
 T = TypeVar("T")
 
 
 @dataclass
 class Settings:
-    concurrency: int = 8
+    concurrency: int = config.DEFAULT_CONCURRENCY
     lease: float = 30.0
     heartbeat: float = 10.0
     poll_interval: float = 0.1
@@ -84,6 +96,7 @@ class Settings:
     verifiers: bool = True  # also run the verifiers of unknown receipts from this process
     schedules: bool = True  # also fire due cron schedules from this process
     verify_interval: float = 0.5  # seconds between looks for due verifications when idle
+    group_commit: bool = True  # begin and finish steps in batches (group_commit.py)
     worker_id: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
     )
@@ -119,7 +132,9 @@ class Runner:
         self.pool: ConnectionPool[Conn] = ConnectionPool(
             url,
             min_size=1,
-            max_size=s.concurrency + 2,
+            # with group commit, begin and finish go through four lanes; the instance
+            # threads still read and write through the pool (decide, state, children)
+            max_size=min(s.concurrency, 8) + 6 if s.group_commit else s.concurrency + 2,
             open=False,
             kwargs={"autocommit": True, "connect_timeout": 5},
             timeout=10,
@@ -148,6 +163,9 @@ class Runner:
             self.handler_threads, thread_name_prefix="handler"
         )
         self.verifier: Verifier | None = None  # the verifier loop, while run() runs it
+        # group commit: two lanes per kind keep both of a small machine's cores busy
+        self.begins: Batcher[BeginCall, Outcome] | None = None
+        self.finishes: Batcher[FinishCall, Finished] | None = None
         self.round_trips = 0  # database calls made on the step path (counted for the bench)
         self.ticks = 0
         self.steps_run = 0
@@ -200,20 +218,30 @@ class Runner:
             )
 
     def _call_until_done(self, fn: Callable[[Conn], T], stop_at: float | None = None) -> T:
-        """Repeat a call across connection loss. begin_step and finish_step are safe to
-        repeat under the same lease; a lost lease surfaces as LeaseLost."""
+        """Repeat a call across connection loss (_until_done)."""
+        return self._until_done(lambda: self._call(fn), stop_at)
+
+    def _until_done(self, attempt: Callable[[], T], stop_at: float | None = None) -> T:
+        """Repeat a call (alone, or in a group-committed batch) across connection loss and,
+        in a batch, a deadlock or serialization failure that undid only that call.
+        begin_step and finish_step are safe to repeat under the same lease; a lost lease
+        surfaces as LeaseLost."""
         backoff = 0.1
         while True:
             try:
-                return self._call(fn)
-            except PoolClosed:
+                return attempt()
+            except (PoolClosed, Closed):
                 # The runner stopped while this step outlived the grace period: its lease
                 # runs out and the next runner settles the receipt. Retrying would never end.
                 raise LeaseLost("the runner stopped before the step finished") from None
             except StaleLease as exc:
                 raise LeaseTaken(str(exc)) from None
-            except CONNECTION_ERRORS as exc:
+            except BatchedCallFailed as exc:
+                if exc.sqlstate not in RETRY_IN_BATCH:
+                    raise
                 reason: Exception = exc
+            except CONNECTION_ERRORS as exc:
+                reason = exc
             if stop_at is not None and time.monotonic() > stop_at:
                 raise LeaseLost(f"gave up after connection loss: {reason}")
             log.warning("event=runner.db_retry error=%r retry_in=%.1fs", str(reason)[:200], backoff)
@@ -258,6 +286,7 @@ class Runner:
             log.error("event=runner.failed error=%r", self.failure)
             stop.set()
             self.handler_pool.shutdown(wait=False, cancel_futures=True)
+            self._close_batchers()
             self.pool.close()
 
     def _run(self, stop: threading.Event) -> None:
@@ -270,6 +299,20 @@ class Runner:
             s.heartbeat,
         )
         self.pool.open(wait=False)
+        if s.group_commit:  # the lanes live as long as run()
+            step_batch = rules.LIMITS["step_batch"]
+            self.begins = Batcher(
+                "begin-steps",
+                lambda calls: self._call(lambda c: sqlapi.steps.begin_steps(c, calls)),
+                lanes=2,
+                max_batch=step_batch,
+            )
+            self.finishes = Batcher(
+                "finish-steps",
+                lambda calls: self._call(lambda c: sqlapi.steps.finish_steps(c, calls)),
+                lanes=2,
+                max_batch=step_batch,
+            )
         helpers = [
             threading.Thread(target=self._listen, args=(stop,), name="listen", daemon=True),
             threading.Thread(target=self._heartbeat, args=(stop,), name="heartbeat", daemon=True),
@@ -365,8 +408,14 @@ class Runner:
         if schedule_pool is not None:
             schedule_pool.close()
         self.handler_pool.shutdown(wait=False, cancel_futures=True)
+        self._close_batchers()
         self.pool.close()
         log.info("event=runner.stop ticks=%d steps=%d", self.ticks, self.steps_run)
+
+    def _close_batchers(self) -> None:
+        for batcher in (self.begins, self.finishes):
+            if batcher is not None:
+                batcher.close()
 
     def _settling(self, stop: threading.Event) -> bool:
         """When an outage just ended: recheck recent receipts, then wait out
@@ -883,19 +932,20 @@ class Runner:
         attempt: int,
         not_runnable: str | None = None,
     ) -> sqlapi.steps.Outcome:
-        return self._call_until_done(
-            lambda c: sqlapi.steps.begin_step(
-                c,
-                tenant_id=row.tenant_id,
-                instance_id=row.id,
-                lease_token=row.lease_token,
-                block_id=block_id,
-                handler=handler,
-                params=params,
-                attempt=attempt,
-                not_runnable=not_runnable,
-            )
+        call = BeginCall(
+            tenant_id=row.tenant_id,
+            instance_id=row.id,
+            lease_token=row.lease_token,
+            block_id=block_id,
+            handler=handler,
+            params=params,
+            attempt=attempt,
+            not_runnable=not_runnable,
         )
+        begins = self.begins
+        if begins is not None:
+            return self._until_done(lambda: begins.call(call))
+        return self._call_until_done(lambda c: sqlapi.steps.begin_step(c, **vars(call)))
 
     def _finish(
         self,
@@ -918,23 +968,25 @@ class Runner:
                 call.output,
                 call.error,
             )
+        finish = FinishCall(
+            tenant_id=row.tenant_id,
+            instance_id=row.id,
+            lease_token=row.lease_token,
+            block_id=block_id,
+            attempt=attempt,
+            effect_id=effect_id,
+            result=call.result,
+            output=call.output,
+            error=call.error,
+            retry_in=retry_in,
+            error_code=call.code,
+        )
+        finishes = self.finishes
         try:
-            done = self._call_until_done(
-                lambda c: sqlapi.steps.finish_step(
-                    c,
-                    tenant_id=row.tenant_id,
-                    instance_id=row.id,
-                    lease_token=row.lease_token,
-                    block_id=block_id,
-                    attempt=attempt,
-                    effect_id=effect_id,
-                    result=call.result,
-                    output=call.output,
-                    error=call.error,
-                    retry_in=retry_in,
-                    error_code=call.code,
-                )
-            )
+            if finishes is not None:
+                done = self._until_done(lambda: finishes.call(finish))
+            else:
+                done = self._call_until_done(lambda c: sqlapi.steps.finish_step(c, **vars(finish)))
         except LeaseTaken:
             if lost is not None:  # the lease is gone: make sure the receipt is not gone too
                 self._keep_lost_receipts([lost], "the lease and the receipt were lost")

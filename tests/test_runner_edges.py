@@ -17,6 +17,7 @@ import pytest
 
 from orch8_py import config
 from orch8_py import runner as runner_module
+from orch8_py.cli import engine
 from orch8_py.errors import ConfigError, StaleLease
 from orch8_py.handlers import handler
 from tests.runner_helpers import make_sequence, running, spawn_runner, start, wait_for
@@ -386,12 +387,14 @@ def test_config_defaults_with_an_empty_environment(empty_env):
     assert s.database_url is None and s.embedded
     assert (s.host, s.port) == ("127.0.0.1", 8080)
     assert s.tick_interval == 0.1
-    assert s.concurrency == 8 and isinstance(s.concurrency, int)
+    assert s.concurrency == 32 and isinstance(s.concurrency, int)
+    assert s.group_commit is True
     assert (s.lease, s.heartbeat, s.grace) == (30.0, 10.0, 30.0)
     # the runner's own defaults (used when it is built without config) agree
     r = runner_module.Settings()
+    assert r.group_commit is True
     assert (r.concurrency, r.lease, r.heartbeat, r.poll_interval, r.grace) == (
-        8,
+        32,
         30.0,
         10.0,
         0.1,
@@ -415,6 +418,19 @@ def test_a_heartbeat_not_shorter_than_the_lease_is_refused(empty_env, lease, hea
     assert "\n" not in message
     assert "ORCH8_HEARTBEAT_SECONDS" in message and "ORCH8_LEASE_SECONDS" in message
     assert "shorter" in message
+
+
+@pytest.mark.parametrize(("raw", "on"), [("off", False), ("0", False), ("ON", True), ("1", True)])
+def test_group_commit_is_switched_by_the_environment(empty_env, raw, on):
+    empty_env.setenv("ORCH8_GROUP_COMMIT", raw)
+    assert config.load().group_commit is on
+    assert engine.make_runner("postgresql://x/y", config.load()).settings.group_commit is on
+
+
+def test_a_group_commit_switch_that_is_neither_is_refused(empty_env):
+    empty_env.setenv("ORCH8_GROUP_COMMIT", "sometimes")
+    with pytest.raises(ConfigError, match="ORCH8_GROUP_COMMIT='sometimes' must be on or off"):
+        config.load()
 
 
 def test_orch8_run_refuses_a_heartbeat_as_long_as_the_lease_in_one_line(db_url):

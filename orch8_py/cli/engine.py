@@ -57,6 +57,7 @@ def make_runner(url: str, settings: config.Settings) -> Runner:
             poll_interval=settings.tick_interval,
             grace=settings.grace,
             verify_interval=settings.verify_interval,
+            group_commit=settings.group_commit,
         ),
     )
 

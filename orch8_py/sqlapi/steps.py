@@ -8,9 +8,12 @@ import datetime as dt
 import json
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from .base import Conn, Jsonb, all_rows, first, objects, one, value
+from .. import errors
+from .base import Conn, Jsonb, Row, all_rows, first, objects, one, value
+
+T = TypeVar("T")
 
 WORK_CHANNEL = "orch8_work"
 # the columns of orch8.effect_outcome, as Outcome has them
@@ -142,78 +145,126 @@ def claim_work(conn: Conn, *, worker_id: str, batch: int, lease_seconds: float) 
     )
 
 
-def begin_step(
-    conn: Conn,
-    *,
-    tenant_id: str,
-    instance_id: uuid.UUID,
-    lease_token: uuid.UUID,
-    block_id: str,
-    handler: str,
-    params: dict[str, Any],
-    attempt: int,
-    not_runnable: str | None = None,
-) -> Outcome:
-    """``not_runnable``: why this runner cannot run the handler itself; the step then
-    goes to external workers if they serve it (outcome queued), else fails with it."""
+@dataclass(frozen=True)
+class BeginCall:
+    """One begin_step call: ``not_runnable`` is why this runner cannot run the handler
+    itself; the step then goes to external workers if they serve it (outcome queued),
+    else fails with it."""
+
+    tenant_id: str
+    instance_id: uuid.UUID
+    lease_token: uuid.UUID
+    block_id: str
+    handler: str
+    params: dict[str, Any]
+    attempt: int
+    not_runnable: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            **vars(self),
+            "instance_id": str(self.instance_id),
+            "lease_token": str(self.lease_token),
+        }
+
+
+@dataclass(frozen=True)
+class FinishCall:
+    """One finish_step call."""
+
+    tenant_id: str
+    instance_id: uuid.UUID
+    lease_token: uuid.UUID
+    block_id: str
+    attempt: int
+    effect_id: uuid.UUID | None
+    result: str
+    output: Any
+    error: str | None = None
+    retry_in: dt.timedelta | None = None
+    error_code: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        fields = {k: v for k, v in vars(self).items() if k != "retry_in"}
+        return {
+            **fields,
+            "instance_id": str(self.instance_id),
+            "lease_token": str(self.lease_token),
+            "effect_id": None if self.effect_id is None else str(self.effect_id),
+            "retry_in_ms": None
+            if self.retry_in is None
+            else round(self.retry_in.total_seconds() * 1000),
+        }
+
+
+def begin_step(conn: Conn, **call: Any) -> Outcome:
+    """orch8.begin_step, one call in its own transaction (the fields of BeginCall)."""
+    c = BeginCall(**call)
     return objects(
         conn,
         Outcome,
         f"SELECT {OUTCOME} FROM orch8.begin_step("
-        "p_tenant_id => %(tenant)s, p_instance_id => %(instance)s,"
-        " p_lease_token => %(lease)s, p_block_id => %(block)s, p_handler => %(handler)s,"
-        " p_params => %(params)s, p_attempt => %(attempt)s,"
+        "p_tenant_id => %(tenant_id)s, p_instance_id => %(instance_id)s,"
+        " p_lease_token => %(lease_token)s, p_block_id => %(block_id)s,"
+        " p_handler => %(handler)s, p_params => %(params)s, p_attempt => %(attempt)s,"
         " p_not_runnable => %(not_runnable)s)",
-        {
-            "tenant": tenant_id,
-            "instance": instance_id,
-            "lease": lease_token,
-            "block": block_id,
-            "handler": handler,
-            "params": Jsonb(params),
-            "attempt": attempt,
-            "not_runnable": not_runnable,
-        },
+        {**vars(c), "params": Jsonb(c.params)},
     )[0]
 
 
-def finish_step(
-    conn: Conn,
-    *,
-    tenant_id: str,
-    instance_id: uuid.UUID,
-    lease_token: uuid.UUID,
-    block_id: str,
-    attempt: int,
-    effect_id: uuid.UUID | None,
-    result: str,
-    output: Any,
-    error: str | None = None,
-    retry_in: dt.timedelta | None = None,
-    error_code: str | None = None,
-) -> Finished:
+def finish_step(conn: Conn, **call: Any) -> Finished:
+    """orch8.finish_step, one call in its own transaction (the fields of FinishCall)."""
+    c = FinishCall(**call)
     return objects(
         conn,
         Finished,
         f"SELECT {ANSWER} FROM orch8.finish_step("
-        "p_tenant_id => %(tenant)s, p_instance_id => %(instance)s,"
-        " p_lease_token => %(lease)s, p_block_id => %(block)s, p_attempt => %(attempt)s,"
-        " p_effect_id => %(effect)s, p_result => %(result)s, p_output => %(output)s,"
-        " p_error => %(error)s, p_retry_in => %(retry_in)s, p_error_code => %(code)s)",
-        {
-            "tenant": tenant_id,
-            "instance": instance_id,
-            "lease": lease_token,
-            "block": block_id,
-            "attempt": attempt,
-            "effect": effect_id,
-            "result": result,
-            "output": Jsonb(output),
-            "error": error,
-            "retry_in": retry_in,
-            "code": error_code,
-        },
+        "p_tenant_id => %(tenant_id)s, p_instance_id => %(instance_id)s,"
+        " p_lease_token => %(lease_token)s, p_block_id => %(block_id)s,"
+        " p_attempt => %(attempt)s, p_effect_id => %(effect_id)s, p_result => %(result)s,"
+        " p_output => %(output)s, p_error => %(error)s, p_retry_in => %(retry_in)s,"
+        " p_error_code => %(error_code)s)",
+        {**vars(c), "output": Jsonb(c.output)},
     )[0]
+
+
+def _answers(rows: list[Row], cls: type[T]) -> list[T | Exception]:
+    """A batch's rows in call order: the answer, or the exception its call raised."""
+    out: list[T | Exception] = []
+    for r in sorted(rows, key=lambda r: r["ord"]):
+        if r["error_state"] is not None:
+            out.append(
+                errors.engine_error(
+                    r["error_state"], r["error_message"], r["error_detail"], r["error_hint"]
+                )
+            )
+        else:
+            out.append(cls(**{k: v for k, v in r.items() if not k.startswith(("ord", "error_"))}))
+    return out
+
+
+def begin_steps(conn: Conn, calls: list[BeginCall]) -> list[Outcome | Exception]:
+    """orch8.begin_steps: the calls in one transaction (group commit); per call its
+    outcome or the exception begin_step raised (that call's writes undone)."""
+    rows = all_rows(
+        conn,
+        f"SELECT ord, {OUTCOME}, error_state, error_message, error_detail, error_hint"
+        " FROM orch8.begin_steps(%(calls)s)",
+        {"calls": Jsonb([c.as_json() for c in calls])},
+    )
+    return _answers(rows, Outcome)
+
+
+def finish_steps(conn: Conn, calls: list[FinishCall]) -> list[Finished | Exception]:
+    """orch8.finish_steps: the calls in one transaction (group commit); per call its
+    answer or the exception finish_step raised (that call's writes undone)."""
+    rows = all_rows(
+        conn,
+        f"SELECT ord, {ANSWER}, error_state, error_message, error_detail, error_hint"
+        " FROM orch8.finish_steps(%(calls)s)",
+        {"calls": Jsonb([c.as_json() for c in calls])},
+    )
+    return _answers(rows, Finished)
 
 
 def decide(

@@ -153,18 +153,22 @@ COMMENT ON FUNCTION orch8.effect_scope_id(text, uuid) IS
 
 CREATE OR REPLACE FUNCTION orch8.destination_fingerprint(p_handler text, p_params jsonb)
 RETURNS text
-LANGUAGE sql
+LANGUAGE plpgsql
 IMMUTABLE
 PARALLEL SAFE
 AS $$
-    SELECT orch8.sha256_hex(orch8.canonical_json(jsonb_build_object(
-        'handler', p_handler,
-        'destination', CASE WHEN jsonb_typeof(p_params) = 'object' THEN (
-            SELECT coalesce(jsonb_object_agg(e.key, e.value), '{}'::jsonb)
-            FROM jsonb_each(p_params) AS e
-            WHERE e.key IN ('url', 'provider', 'model', 'topic', 'queue', 'resource', 'endpoint')
-        ) ELSE '{}'::jsonb END
-    )))
+BEGIN
+    RETURN (
+        SELECT orch8.sha256_hex(orch8.canonical_json(jsonb_build_object(
+            'handler', p_handler,
+            'destination', CASE WHEN jsonb_typeof(p_params) = 'object' THEN (
+                SELECT coalesce(jsonb_object_agg(e.key, e.value), '{}'::jsonb)
+                FROM jsonb_each(p_params) AS e
+                WHERE e.key IN ('url', 'provider', 'model', 'topic', 'queue', 'resource', 'endpoint')
+            ) ELSE '{}'::jsonb END
+        )))
+    );
+END
 $$;
 
 COMMENT ON FUNCTION orch8.destination_fingerprint(text, jsonb) IS
@@ -173,13 +177,17 @@ COMMENT ON FUNCTION orch8.destination_fingerprint(text, jsonb) IS
 
 CREATE OR REPLACE FUNCTION orch8.request_sha256(p_handler text, p_params jsonb)
 RETURNS text
-LANGUAGE sql
+LANGUAGE plpgsql
 IMMUTABLE
 PARALLEL SAFE
 AS $$
-    SELECT orch8.sha256_hex(orch8.canonical_json(jsonb_build_object(
-        'handler', p_handler, 'params', coalesce(p_params, 'null'::jsonb)
-    )))
+BEGIN
+    RETURN (
+        SELECT orch8.sha256_hex(orch8.canonical_json(jsonb_build_object(
+            'handler', p_handler, 'params', coalesce(p_params, 'null'::jsonb)
+        )))
+    );
+END
 $$;
 
 COMMENT ON FUNCTION orch8.request_sha256(text, jsonb) IS
@@ -188,24 +196,28 @@ COMMENT ON FUNCTION orch8.request_sha256(text, jsonb) IS
 
 CREATE OR REPLACE FUNCTION orch8.provider_receipt_id(p_output jsonb)
 RETURNS text
-LANGUAGE sql
+LANGUAGE plpgsql
 IMMUTABLE
 PARALLEL SAFE
 AS $$
-    SELECT CASE
-        WHEN octet_length(v.found) <= orch8.limit_of('provider_receipt_id_bytes') THEN v.found
-    END
-    FROM (
-        SELECT (
-            SELECT p_output ->> k.key
-            FROM unnest(ARRAY['provider_receipt_id', 'receipt_id', 'request_id'])
-                WITH ORDINALITY AS k (key, pos)
-            WHERE jsonb_typeof(p_output) = 'object'
-              AND jsonb_typeof(p_output -> k.key) = 'string'
-            ORDER BY k.pos
-            LIMIT 1
-        ) AS found
-    ) AS v
+BEGIN
+    RETURN (
+        SELECT CASE
+            WHEN octet_length(v.found) <= orch8.limit_of('provider_receipt_id_bytes') THEN v.found
+        END
+        FROM (
+            SELECT (
+                SELECT p_output ->> k.key
+                FROM unnest(ARRAY['provider_receipt_id', 'receipt_id', 'request_id'])
+                    WITH ORDINALITY AS k (key, pos)
+                WHERE jsonb_typeof(p_output) = 'object'
+                  AND jsonb_typeof(p_output -> k.key) = 'string'
+                ORDER BY k.pos
+                LIMIT 1
+            ) AS found
+        ) AS v
+    );
+END
 $$;
 
 COMMENT ON FUNCTION orch8.provider_receipt_id(jsonb) IS

@@ -3,15 +3,19 @@
 
 CREATE OR REPLACE FUNCTION orch8.handler_has_side_effects(p_handler text)
 RETURNS boolean
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 STRICT
 PARALLEL SAFE
 AS $$
-    SELECT coalesce(
-        (SELECT h.has_side_effects FROM orch8.builtin_handlers AS h WHERE h.name = p_handler),
-        true
-    )
+BEGIN
+    RETURN (
+        SELECT coalesce(
+            (SELECT h.has_side_effects FROM orch8.builtin_handlers AS h WHERE h.name = p_handler),
+            true
+        )
+    );
+END
 $$;
 
 COMMENT ON FUNCTION orch8.handler_has_side_effects(text) IS
@@ -20,17 +24,21 @@ COMMENT ON FUNCTION orch8.handler_has_side_effects(text) IS
 
 CREATE OR REPLACE FUNCTION orch8.effect_kind(p_handler text)
 RETURNS text
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 STRICT
 PARALLEL SAFE
 AS $$
-    SELECT CASE
-        WHEN h.name IS NULL THEN 'worker'
-        ELSE h.kind
-    END
-    FROM (SELECT 1) AS one
-    LEFT JOIN orch8.builtin_handlers AS h ON h.name = p_handler
+BEGIN
+    RETURN (
+        SELECT CASE
+            WHEN h.name IS NULL THEN 'worker'
+            ELSE h.kind
+        END
+        FROM (SELECT 1) AS one
+        LEFT JOIN orch8.builtin_handlers AS h ON h.name = p_handler
+    );
+END
 $$;
 
 COMMENT ON FUNCTION orch8.effect_kind(text) IS
@@ -105,10 +113,13 @@ CREATE OR REPLACE FUNCTION orch8.find_unresolved_effect_receipt(
     p_attempt integer
 )
 RETURNS orch8.effect_receipts
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 AS $$
-    SELECT r.*
+DECLARE
+    v_row orch8.effect_receipts;
+BEGIN
+    SELECT r.* INTO v_row
     FROM orch8.effect_receipts AS r
     WHERE r.tenant_id = p_tenant_id
       AND r.continuity_id = p_continuity_id
@@ -117,7 +128,9 @@ AS $$
       AND r.attempt = p_attempt
       AND r.state IN ('dispatched', 'unknown')
     ORDER BY r.created_at DESC, r.id DESC
-    LIMIT 1
+    LIMIT 1;
+    RETURN v_row;
+END
 $$;
 
 COMMENT ON FUNCTION orch8.find_unresolved_effect_receipt(text, uuid, uuid, text, integer) IS
@@ -187,6 +200,54 @@ COMMENT ON FUNCTION orch8.ensure_effect_receipt(
 'Upsert a planned receipt and return the stored row (ours or the one that won). If the '
 'stored identity (id, tenant, continuity, epoch, instance, block, attempt, request hash) '
 'differs from the candidate, raise O8005 invalid_config and never reuse the row.';
+
+CREATE OR REPLACE FUNCTION orch8.insert_dispatched_receipt(
+    p_tenant_id text,
+    p_id uuid,
+    p_continuity_id uuid,
+    p_epoch bigint,
+    p_instance_id uuid,
+    p_block_id text,
+    p_attempt integer,
+    p_kind text,
+    p_handler text,
+    p_destination_fingerprint text,
+    p_request_sha256 text,
+    p_idempotency_key text
+)
+RETURNS orch8.effect_receipts
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_row orch8.effect_receipts;
+BEGIN
+    PERFORM set_config('orch8.event_actor', 'engine', true),
+            set_config('orch8.event_note', '', true),
+            set_config('orch8.event_evidence', '', true);
+    -- A receipt of this id already there (a concurrent run, an earlier one) is not ours to
+    -- move: the caller takes the step by step path, which reads and checks it.
+    INSERT INTO orch8.effect_receipts AS r (
+        tenant_id, id, continuity_id, epoch, instance_id, block_id, attempt, kind, state,
+        handler, destination_fingerprint, request_sha256, idempotency_key, evidence
+    ) VALUES (
+        p_tenant_id, p_id, p_continuity_id, p_epoch, p_instance_id, p_block_id, p_attempt,
+        p_kind, 'dispatched', p_handler, p_destination_fingerprint, p_request_sha256,
+        p_idempotency_key, '{}'
+    )
+    ON CONFLICT (tenant_id, id) DO NOTHING
+    RETURNING r.* INTO v_row;
+    PERFORM orch8.clear_event_attribution();
+    RETURN v_row;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.insert_dispatched_receipt(
+    text, uuid, uuid, bigint, uuid, text, integer, text, text, text, text, text
+) IS
+'begin_effect''s one-write path: insert a new receipt already dispatched (its events '
+'planned, prepared, dispatched are written by the trigger) and return it; a row of NULLs '
+'when a receipt of that id exists (nothing written). Only for a receipt no commit guard '
+'covers: the guarded dispatch must see it prepared.';
 
 CREATE OR REPLACE FUNCTION orch8.cas_effect_receipt(
     p_tenant_id text,
@@ -275,10 +336,15 @@ COMMENT ON FUNCTION orch8.effect_outcome_of(
 
 CREATE OR REPLACE FUNCTION orch8.load_effect_receipt(p_tenant_id text, p_id uuid)
 RETURNS orch8.effect_receipts
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 AS $$
-    SELECT r.* FROM orch8.effect_receipts AS r WHERE r.tenant_id = p_tenant_id AND r.id = p_id
+DECLARE
+    v_row orch8.effect_receipts;
+BEGIN
+    SELECT r.* INTO v_row FROM orch8.effect_receipts AS r WHERE r.tenant_id = p_tenant_id AND r.id = p_id;
+    RETURN v_row;
+END
 $$;
 
 COMMENT ON FUNCTION orch8.load_effect_receipt(text, uuid) IS
@@ -546,6 +612,9 @@ DECLARE
     v_id uuid;
     v_key text;
     v_state orch8.instance_state;
+    v_destination text;
+    v_request text;
+    v_guarded boolean;
 BEGIN
     IF p_handler IS NULL OR p_handler = '' THEN
         RAISE EXCEPTION 'begin_effect needs a handler name' USING ERRCODE = 'O8008';
@@ -603,13 +672,23 @@ BEGIN
              THEN orch8.deterministic_effect_id(v_scope.continuity_id, v_scope.epoch,
                                                 p_instance_id, p_block_id, 0)::text END,
         v_id::text);
+    v_destination := orch8.destination_fingerprint(p_handler, p_params);
+    v_request := orch8.request_sha256(p_handler, p_params);
+    v_guarded := EXISTS (SELECT 1 FROM orch8.effect_commit_guards(p_tenant_id, p_instance_id,
+                                                                  v_kind));
+    IF NOT v_guarded THEN
+        -- the common case: a new receipt, nothing to wait for: one write, dispatched
+        v_row := orch8.insert_dispatched_receipt(
+            p_tenant_id, v_id, v_scope.continuity_id, v_scope.epoch, p_instance_id,
+            p_block_id, p_attempt, v_kind, p_handler, v_destination, v_request, v_key);
+        IF v_row.id IS NOT NULL THEN
+            RETURN orch8.effect_outcome_of('dispatched', v_row);
+        END IF;
+    END IF;
     v_row := orch8.ensure_effect_receipt(
         p_tenant_id, v_id,
         v_scope.continuity_id, v_scope.epoch, p_instance_id, p_block_id, p_attempt,
-        v_kind, p_handler,
-        orch8.destination_fingerprint(p_handler, p_params),
-        orch8.request_sha256(p_handler, p_params),
-        v_key);
+        v_kind, p_handler, v_destination, v_request, v_key);
 
     IF v_row.state = 'planned' THEN
         IF NOT orch8.cas_effect_receipt(p_tenant_id, v_row.id, 'planned', 'prepared') THEN
@@ -621,7 +700,7 @@ BEGIN
             format('receipt %s is already %s', v_row.id, v_row.state));
     END IF;
 
-    IF EXISTS (SELECT 1 FROM orch8.effect_commit_guards(p_tenant_id, p_instance_id, v_kind)) THEN
+    IF v_guarded THEN
         RETURN orch8.dispatch_effect_receipt_at_most_once(p_tenant_id, v_row.id);
     END IF;
     IF NOT orch8.cas_effect_receipt(p_tenant_id, v_row.id, 'prepared', 'dispatched') THEN
@@ -639,7 +718,9 @@ COMMENT ON FUNCTION orch8.begin_effect(text, uuid, text, text, jsonb, integer) I
 'destination fingerprint, request hash, idempotency key: the idempotency_key param, else '
 'with step_ambiguity_mode same_key the id of attempt 0, else the receipt''s own id), move '
 'it to prepared, then to '
-'dispatched (plain CAS, or the guarded dispatch when a commit guard covers its kind). A '
+'dispatched (plain CAS, or the guarded dispatch when a commit guard covers its kind). '
+'Without a commit guard a new receipt is inserted dispatched in one write '
+'(insert_dispatched_receipt; its three events are written all the same). A '
 'receipt already past prepared gives blocked. Returns the outcome; never raises for them. '
 'An idempotency_key param over idempotency_key_bytes, or params over params_bytes, raise '
 'O8008 before anything is written; an unknown instance O8007, a completed, cancelled or '
@@ -677,12 +758,16 @@ COMMENT ON FUNCTION orch8.settle_effect(
 
 CREATE OR REPLACE FUNCTION orch8.commit_effect(p_tenant_id text, p_id uuid, p_output jsonb)
 RETURNS orch8.effect_outcome
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
-    SELECT orch8.settle_effect(p_tenant_id, p_id, 'dispatched', 'committed',
-        jsonb_strip_nulls(jsonb_build_object(
-            'provider_receipt_id', orch8.provider_receipt_id(p_output),
-            'note', 'handler succeeded')))
+BEGIN
+    RETURN (
+        SELECT orch8.settle_effect(p_tenant_id, p_id, 'dispatched', 'committed',
+            jsonb_strip_nulls(jsonb_build_object(
+                'provider_receipt_id', orch8.provider_receipt_id(p_output),
+                'note', 'handler succeeded')))
+    );
+END
 $$;
 
 COMMENT ON FUNCTION orch8.commit_effect(text, uuid, jsonb) IS

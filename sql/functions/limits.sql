@@ -51,6 +51,8 @@ AS $$
      'a sleep''s duration, a step''s delay, a wait''s timeout (366 days)'),
     ('bulk_batch', 1000, 'instances', 'the instances one bulk_apply call acts on'),
     ('create_batch', 10000, 'instances', 'the instances one create_instances call starts'),
+    ('step_batch', 64, 'calls',
+     'the runner calls one begin_steps or finish_steps batch holds (one transaction)'),
     ('max_concurrency', 100000, 'steps',
      'a concurrency key''s max_concurrency (steps of a tenant holding it at once)'),
     ('worker_poll_wait_ms', 60000, 'milliseconds',

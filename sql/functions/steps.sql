@@ -47,14 +47,18 @@ COMMENT ON FUNCTION orch8.step_idempotency_key_param(jsonb) IS
 
 CREATE OR REPLACE FUNCTION orch8.step_idempotency_key_problem(p_params jsonb)
 RETURNS text
-LANGUAGE sql
+LANGUAGE plpgsql
 IMMUTABLE
 PARALLEL SAFE
 AS $$
-    SELECT format('the idempotency_key param is %s bytes, over the limit of %s',
-                  octet_length(k.key), orch8.limit_of('idempotency_key_bytes'))
-    FROM (SELECT orch8.step_idempotency_key_param(p_params) AS key) AS k
-    WHERE octet_length(k.key) > orch8.limit_of('idempotency_key_bytes')
+BEGIN
+    RETURN (
+        SELECT format('the idempotency_key param is %s bytes, over the limit of %s',
+                      octet_length(k.key), orch8.limit_of('idempotency_key_bytes'))
+        FROM (SELECT orch8.step_idempotency_key_param(p_params) AS key) AS k
+        WHERE octet_length(k.key) > orch8.limit_of('idempotency_key_bytes')
+    );
+END
 $$;
 
 COMMENT ON FUNCTION orch8.step_idempotency_key_problem(jsonb) IS
@@ -689,3 +693,136 @@ COMMENT ON FUNCTION orch8.finish_step(
 'if any, is leased to the caller under the same token, and the answer is '
 'node_answer''s: the instance state and that node. Repeating the call under the same '
 'lease after a lost answer changes nothing and answers the same.';
+
+-- Group commit: many runner calls in one transaction -----------------------------------------
+
+CREATE OR REPLACE FUNCTION orch8.require_step_batch(p_calls jsonb, p_function text)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+AS $$
+BEGIN
+    IF jsonb_typeof(p_calls) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION '% takes a JSON array of calls, got %', p_function,
+            coalesce(jsonb_typeof(p_calls), 'NULL')
+            USING ERRCODE = 'O8008', DETAIL = json_build_object('field', 'calls')::text;
+    END IF;
+    IF jsonb_array_length(p_calls) > orch8.limit_of('step_batch') THEN
+        RAISE EXCEPTION '% calls in one %, over the limit step_batch (%)',
+            jsonb_array_length(p_calls), p_function, orch8.limit_of('step_batch')
+            USING ERRCODE = 'O8008',
+                  DETAIL = json_build_object('field', 'calls',
+                                             'limit', orch8.limit_of('step_batch'))::text;
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.require_step_batch(jsonb, text) IS
+'A batch of runner calls is a JSON array of at most the limit step_batch (else O8008): '
+'each call is a subtransaction, and more than 64 of them per transaction would overflow '
+'PostgreSQL''s per-backend cache of subtransaction ids.';
+
+CREATE OR REPLACE FUNCTION orch8.begin_steps(p_calls jsonb)
+RETURNS TABLE (
+    ord integer,
+    -- orch8.effect_outcome's fields, then the error a call raised instead
+    outcome text, effect_id uuid, state orch8.effect_state, kind text, block_id text,
+    attempt integer, invariant_id uuid, competing_effect_id uuid, detail text,
+    idempotency_key text,
+    error_state text, error_message text, error_detail text, error_hint text
+)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_call jsonb;
+    v_n bigint;
+    v_answer orch8.effect_outcome;
+    v_state text;
+    v_message text;
+    v_detail text;
+    v_hint text;
+BEGIN
+    PERFORM orch8.require_step_batch(p_calls, 'begin_steps');
+    FOR v_call, v_n IN
+        SELECT c.value, c.n FROM jsonb_array_elements(p_calls) WITH ORDINALITY AS c (value, n)
+    LOOP
+        v_state := NULL; v_message := NULL; v_detail := NULL; v_hint := NULL;
+        BEGIN
+            -- each call in a subtransaction: one refused (a lost lease) leaves the others
+            v_answer := orch8.begin_step(
+                v_call ->> 'tenant_id', (v_call ->> 'instance_id')::uuid,
+                (v_call ->> 'lease_token')::uuid, v_call ->> 'block_id', v_call ->> 'handler',
+                v_call -> 'params', (v_call ->> 'attempt')::integer,
+                v_call ->> 'not_runnable');
+        EXCEPTION WHEN OTHERS THEN
+            v_answer := NULL;
+            GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT,
+                                    v_detail = PG_EXCEPTION_DETAIL, v_hint = PG_EXCEPTION_HINT;
+        END;
+        RETURN QUERY SELECT (v_n - 1)::integer, (v_answer).*, v_state, v_message, v_detail,
+                            v_hint;
+    END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.begin_steps(jsonb) IS
+'Group commit of begin_step: each call of the JSON array p_calls ({tenant_id, '
+'instance_id, lease_token, block_id, handler, params, attempt, not_runnable}) runs '
+'begin_step in a subtransaction of its own, all in the caller''s one transaction, so the '
+'batch costs one round trip and one commit. One row per call, in order (ord from 0): '
+'begin_step''s outcome, or the error it raised (SQLSTATE, message, detail, hint; its '
+'writes undone, the other calls'' kept). At most step_batch calls (require_step_batch). '
+'The runner dispatches no handler before this commits, so every receipt is durable '
+'before its dispatch.';
+
+CREATE OR REPLACE FUNCTION orch8.finish_steps(p_calls jsonb)
+RETURNS TABLE (
+    ord integer,
+    -- orch8.tree_answer's fields, then the error a call raised instead
+    state orch8.instance_state, next_block text, next_attempt integer, next_block_id text,
+    next_kind text, next_position integer, next_phase text, next_child_instance_id uuid,
+    next_vars jsonb, progress jsonb, context_version integer,
+    error_state text, error_message text, error_detail text, error_hint text
+)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_call jsonb;
+    v_n bigint;
+    v_answer orch8.tree_answer;
+    v_state text;
+    v_message text;
+    v_detail text;
+    v_hint text;
+BEGIN
+    PERFORM orch8.require_step_batch(p_calls, 'finish_steps');
+    FOR v_call, v_n IN
+        SELECT c.value, c.n FROM jsonb_array_elements(p_calls) WITH ORDINALITY AS c (value, n)
+    LOOP
+        v_state := NULL; v_message := NULL; v_detail := NULL; v_hint := NULL;
+        BEGIN
+            SELECT f.* INTO v_answer FROM orch8.finish_step(
+                v_call ->> 'tenant_id', (v_call ->> 'instance_id')::uuid,
+                (v_call ->> 'lease_token')::uuid, v_call ->> 'block_id',
+                (v_call ->> 'attempt')::integer, (v_call ->> 'effect_id')::uuid,
+                v_call ->> 'result', v_call -> 'output', v_call ->> 'error',
+                ((v_call ->> 'retry_in_ms')::bigint) * interval '1 millisecond',
+                v_call ->> 'error_code') AS f;
+        EXCEPTION WHEN OTHERS THEN
+            v_answer := NULL;
+            GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT,
+                                    v_detail = PG_EXCEPTION_DETAIL, v_hint = PG_EXCEPTION_HINT;
+        END;
+        RETURN QUERY SELECT (v_n - 1)::integer, (v_answer).*, v_state, v_message, v_detail,
+                            v_hint;
+    END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.finish_steps(jsonb) IS
+'Group commit of finish_step: each call of the JSON array p_calls ({tenant_id, '
+'instance_id, lease_token, block_id, attempt, effect_id, result, output, error, '
+'retry_in_ms, error_code}) runs finish_step in a subtransaction of its own, all in one '
+'transaction and one commit. One row per call, in order (ord from 0): finish_step''s '
+'answer, or the error it raised (SQLSTATE, message, detail, hint; its writes undone, the '
+'other calls'' kept). At most step_batch calls.';

@@ -11,11 +11,15 @@ CREATE OR REPLACE FUNCTION orch8.sequence_block(
     p_tenant_id text, p_sequence_id uuid, p_block_id text
 )
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 AS $$
-    SELECT b.definition FROM orch8.sequence_blocks AS b
-    WHERE b.tenant_id = p_tenant_id AND b.sequence_id = p_sequence_id AND b.block_id = p_block_id
+BEGIN
+    RETURN (
+        SELECT b.definition FROM orch8.sequence_blocks AS b
+        WHERE b.tenant_id = p_tenant_id AND b.sequence_id = p_sequence_id AND b.block_id = p_block_id
+    );
+END
 $$;
 
 COMMENT ON FUNCTION orch8.sequence_block(text, uuid, text) IS
@@ -76,16 +80,20 @@ CREATE OR REPLACE FUNCTION orch8.node_output(
     p_tenant_id text, p_instance_id uuid, p_path text
 )
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 AS $$
-    SELECT CASE WHEN n.kind IN ('sequence', 'undo') THEN n.output ELSE (
-        SELECT o.output FROM orch8.block_outputs AS o
-        WHERE o.tenant_id = p_tenant_id AND o.instance_id = p_instance_id
-          AND o.block_id = p_path AND o.sentinel IS NULL
-        ORDER BY o.seq DESC LIMIT 1) END
-    FROM orch8.execution_nodes AS n
-    WHERE n.tenant_id = p_tenant_id AND n.instance_id = p_instance_id AND n.path = p_path
+BEGIN
+    RETURN (
+        SELECT CASE WHEN n.kind IN ('sequence', 'undo') THEN n.output ELSE (
+            SELECT o.output FROM orch8.block_outputs AS o
+            WHERE o.tenant_id = p_tenant_id AND o.instance_id = p_instance_id
+              AND o.block_id = p_path AND o.sentinel IS NULL
+            ORDER BY o.seq DESC LIMIT 1) END
+        FROM orch8.execution_nodes AS n
+        WHERE n.tenant_id = p_tenant_id AND n.instance_id = p_instance_id AND n.path = p_path
+    );
+END
 $$;
 
 COMMENT ON FUNCTION orch8.node_output(text, uuid, text) IS
@@ -130,11 +138,16 @@ COMMENT ON FUNCTION orch8.node_error(text, uuid, text) IS
 
 CREATE OR REPLACE FUNCTION orch8.lock_node(p_tenant_id text, p_instance_id uuid, p_path text)
 RETURNS orch8.execution_nodes
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
-    SELECT n.* FROM orch8.execution_nodes AS n
+DECLARE
+    v_row orch8.execution_nodes;
+BEGIN
+    SELECT n.* INTO v_row FROM orch8.execution_nodes AS n
     WHERE n.tenant_id = p_tenant_id AND n.instance_id = p_instance_id AND n.path = p_path
-    FOR UPDATE
+    FOR UPDATE;
+    RETURN v_row;
+END
 $$;
 
 COMMENT ON FUNCTION orch8.lock_node(text, uuid, text) IS
@@ -1119,12 +1132,17 @@ CREATE OR REPLACE FUNCTION orch8.leased_node(
     p_tenant_id text, p_instance_id uuid, p_lease_token uuid
 )
 RETURNS orch8.execution_nodes
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
-    SELECT n.* FROM orch8.execution_nodes AS n
+DECLARE
+    v_row orch8.execution_nodes;
+BEGIN
+    SELECT n.* INTO v_row FROM orch8.execution_nodes AS n
     WHERE n.tenant_id = p_tenant_id AND n.instance_id = p_instance_id
       AND n.lease_token = p_lease_token
-    FOR UPDATE
+    FOR UPDATE;
+    RETURN v_row;
+END
 $$;
 
 COMMENT ON FUNCTION orch8.leased_node(text, uuid, uuid) IS
