@@ -76,7 +76,9 @@ def test_workers_killed_at_random_lose_nothing_and_send_nothing_twice(db_url, co
 
             def killer() -> None:
                 nonlocal kills
-                while kills < KILLS and not done.wait(rng.uniform(0.8, 2.0)):
+                # paced so that every kill lands while work remains (a full run takes
+                # about 25 s; the short one in make test a few seconds)
+                while kills < KILLS and not done.wait(rng.uniform(0.3, 0.9)):
                     name = rng.choice(sorted(workers))
                     proc = workers.pop(name)
                     proc.send_signal(signal.SIGKILL)  # type: ignore[attr-defined]
