@@ -1,9 +1,11 @@
 -- A guarded step's receipt in one write (insert_dispatched_receipt, migration 0021):
 -- without a commit guard begin_effect inserts a new receipt dispatched, and its history
 -- still reads planned, prepared, dispatched; a receipt created in any other state than
--- planned or dispatched is refused; an existing receipt takes the step by step path.
+-- planned or dispatched is refused; an existing receipt takes the step by step path; the
+-- open set (orch8.open_receipts) follows the state, and no index of the receipts names a
+-- column a settle changes.
 BEGIN;
-SELECT plan(8);
+SELECT plan(12);
 SELECT tap.instances('fast', ARRAY['00000000-0000-0000-0000-0000000000b1']::uuid[]);
 
 SELECT is(
@@ -75,6 +77,43 @@ SELECT is(
         WHERE r.tenant_id = 'fast'
     ),
     ARRAY['unknown'], 'one receipt, now unknown'
+);
+
+-- the open set follows the state: dispatched and unknown in it, settled out of it
+SELECT is(
+    (
+        SELECT count(*)::integer FROM orch8.open_receipts AS o
+        WHERE o.tenant_id = 'fast'
+    ), 1,
+    'an unknown receipt is open'
+);
+SELECT orch8.resolve_effect(
+    'fast', current_setting('tap.receipt')::uuid, 'unknown',
+    'abandoned', NULL, '{"checked": "the provider has no such charge"}', 'tap'
+);
+SELECT is(
+    (
+        SELECT count(*)::integer FROM orch8.open_receipts AS o
+        WHERE o.tenant_id = 'fast'
+    ), 0,
+    'a settled one is not'
+);
+SELECT hasnt_index(
+    'orch8', 'effect_receipts', 'effect_receipts_unresolved_idx',
+    'no receipts index names the columns a settle changes'
+);
+SELECT is(
+    (
+        SELECT count(*)::integer FROM pg_index AS i
+        INNER JOIN pg_attribute AS a ON i.indrelid = a.attrelid AND a.attnum = any(i.indkey)
+        WHERE
+            i.indrelid = 'orch8.effect_receipts'::regclass
+            AND (
+                a.attname IN ('state', 'updated_at', 'provider_receipt_id', 'error', 'evidence')
+                OR pg_get_expr(i.indpred, i.indrelid) IS NOT NULL
+            )
+    ),
+    0, 'nor uses them in a predicate: settling can be a HOT update'
 );
 
 SELECT * FROM finish();

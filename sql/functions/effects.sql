@@ -1122,7 +1122,9 @@ FROM (
     SELECT
         q.*,
         NULL::text AS compensation_path
-    FROM orch8.effect_receipts AS q
+    -- the open set is small (receipts dispatched or unknown): read the receipts through it
+    FROM orch8.open_receipts AS o
+    INNER JOIN orch8.effect_receipts AS q ON o.tenant_id = q.tenant_id AND o.receipt_id = q.id
     WHERE
         q.state = 'unknown'
         OR (
@@ -1138,6 +1140,7 @@ FROM (
         q.*,
         c.block_id
     FROM orch8.effect_receipts AS c
+    INNER JOIN orch8.open_receipts AS oc ON c.tenant_id = oc.tenant_id AND c.id = oc.receipt_id
     INNER JOIN orch8.effect_receipts AS q
         ON
             c.tenant_id = q.tenant_id AND c.instance_id = q.instance_id

@@ -6,6 +6,46 @@
 -- dispatched, and the event trigger writes planned, prepared and dispatched for it, so
 -- the history reads as before. Two row versions and two sets of index entries fewer per
 -- guarded step.
+--
+-- Settling a receipt rewrites no index (docs/ARCHITECTURE.md, "Fewer writes per guarded
+-- step"). The operator queue's partial index (tenant_id, updated_at) WHERE state IN
+-- ('dispatched', 'unknown') named the two columns every settle changes, so no settle could
+-- be a HOT update and each wrote an entry in all five of the receipts' indexes. The set of
+-- receipts that are dispatched or unknown now lives in orch8.open_receipts, kept by the
+-- receipts' event trigger; the unresolved_effects view reads through it. The continuity
+-- index goes too (a continuity's receipts are read through the position index, which
+-- leads with the same columns), and the table leaves a fifth of each page free for the
+-- settle's new row version.
+
+CREATE TABLE orch8.open_receipts (
+    tenant_id text NOT NULL,
+    receipt_id uuid NOT NULL,
+    PRIMARY KEY (tenant_id, receipt_id)
+);
+
+COMMENT ON TABLE orch8.open_receipts IS
+'The receipts in state dispatched or unknown, one row each (kept by the trigger '
+'effect_receipts_record_event; a row goes when its receipt leaves those states): the '
+'small set the operator queue reads, so that the receipts table needs no index on the '
+'state and updated_at a settle changes.';
+COMMENT ON COLUMN orch8.open_receipts.tenant_id IS 'The receipt''s tenant.';
+COMMENT ON COLUMN orch8.open_receipts.receipt_id IS 'The receipt (effect_receipts.id).';
+
+INSERT INTO orch8.open_receipts (tenant_id, receipt_id)
+SELECT
+    r.tenant_id,
+    r.id
+FROM orch8.effect_receipts AS r
+WHERE r.state IN ('dispatched', 'unknown');
+
+DROP INDEX orch8.effect_receipts_unresolved_idx;
+DROP INDEX orch8.effect_receipts_continuity_idx;
+ALTER TABLE orch8.effect_receipts SET (fillfactor = 80);
+
+SELECT orch8.enable_tenant_isolation('orch8.open_receipts');
+REVOKE ALL ON orch8.open_receipts FROM public;
+GRANT SELECT ON orch8.open_receipts TO orch8_web, orch8_runner, orch8_auditor;
+GRANT SELECT, INSERT, DELETE ON orch8.open_receipts TO orch8_ledger;
 
 CREATE OR REPLACE FUNCTION orch8.effect_receipts_guard()
 RETURNS trigger
@@ -83,6 +123,16 @@ BEGIN
     IF tg_op = 'UPDATE' AND new.state = old.state THEN
         RETURN NULL;  -- not a transition (e.g. the no-op upsert in ensure_effect_receipt)
     END IF;
+    -- the open set (dispatched or unknown) follows the state
+    IF new.state IN ('dispatched', 'unknown')
+       AND (tg_op = 'INSERT' OR old.state NOT IN ('dispatched', 'unknown')) THEN
+        INSERT INTO orch8.open_receipts (tenant_id, receipt_id) VALUES (new.tenant_id, new.id)
+        ON CONFLICT DO NOTHING;
+    ELSIF tg_op = 'UPDATE' AND old.state IN ('dispatched', 'unknown')
+          AND new.state NOT IN ('dispatched', 'unknown') THEN
+        DELETE FROM orch8.open_receipts AS o
+        WHERE o.tenant_id = new.tenant_id AND o.receipt_id = new.id;
+    END IF;
     IF tg_op = 'INSERT' AND new.state = 'dispatched' THEN
         -- created dispatched: it took the path planned -> prepared -> dispatched
         INSERT INTO orch8.effect_receipt_events (
@@ -120,7 +170,8 @@ END
 $$;
 
 COMMENT ON FUNCTION orch8.effect_receipts_record_event() IS
-'Trigger: appends one effect_receipt_events row per receipt creation and state move (a '
+'Trigger: keeps orch8.open_receipts (the receipts dispatched or unknown) and appends one '
+'effect_receipt_events row per receipt creation and state move (a '
 'receipt created dispatched gets three: planned, prepared, dispatched, in that order). '
 'Note and evidence come from the transaction settings orch8.event_note and '
 'orch8.event_evidence (set by the ledger functions; the note of a receipt created '
