@@ -3,7 +3,7 @@
 -- instance; the trees are built set-based exactly as create_instance builds one; a bad
 -- item or an oversized batch refuses the whole call and writes nothing.
 BEGIN;
-SELECT plan(14);
+SELECT plan(15);
 
 SELECT orch8.create_sequence(
     'bulk', 'default', 'flow',
@@ -107,6 +107,17 @@ SELECT results_eq(
         current_setting('tap.seq')::uuid, p_idempotency_key => 'k') AS c$$,
     $$SELECT id, true FROM made WHERE ord = 0$$,
     'create_instance is a batch of one: the key answers the same instance'
+);
+
+-- a bulk start leaves statistics that say the tables are nearly empty; the claim must not
+-- plan for that (a sort of every due node, a hash of them all)
+SELECT is(
+    (
+        SELECT p.proconfig FROM pg_proc AS p
+        WHERE p.oid = 'orch8.claim_due_nodes(text, integer, interval)'::regprocedure
+    ),
+    ARRAY['enable_sort=off', 'enable_hashjoin=off'],
+    'claim_due_nodes plans for a batch whatever the statistics say'
 );
 
 SELECT * FROM finish();
