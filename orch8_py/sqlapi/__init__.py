@@ -9,8 +9,9 @@ Functions take a connection the caller owns (its pool, transaction, role and ten
 raise the exceptions of orch8_py.errors for the engine's SQLSTATEs. Modules follow the
 SQL files: steps (the runner), effects, flow_control (rate limits), instances, sequences,
 webhooks, schedules, bulk, workers (external workers), keys, tenancy (the web role),
-observe (metrics), server (databases, sessions), catalog (the rules orch8_py/rules.py is
-generated from), psql (the statements shown to people).
+observe (metrics), server (databases, sessions), benchmarks (what bench/ measures
+around a run), catalog (the rules orch8_py/rules.py is generated from), psql (the
+statements shown to people).
 tests/test_one_door.py keeps SQL text out of every other module (the migrator and the
 tests aside).
 """
@@ -18,6 +19,7 @@ tests aside).
 from __future__ import annotations
 
 from . import (
+    benchmarks,
     bulk,
     catalog,
     effects,
@@ -39,6 +41,7 @@ from .base import Conn, Row
 __all__ = [
     "Conn",
     "Row",
+    "benchmarks",
     "bulk",
     "catalog",
     "effects",
