@@ -45,8 +45,13 @@ class Batcher(Generic[C, A]):
         *,
         lanes: int,
         max_batch: int,
+        before_send: Callable[[list[C]], None] | None = None,
+        after_send: Callable[[list[C]], None] | None = None,
     ) -> None:
         self.send = send
+        # test hooks (the runner's fault points): before a batch goes, after it committed
+        self.before_send = before_send
+        self.after_send = after_send
         self.max_batch = max_batch
         self.waiting: list[_Slot[C, A]] = []
         self.cv = threading.Condition()
@@ -92,8 +97,13 @@ class Batcher(Generic[C, A]):
                 del self.waiting[: self.max_batch]
                 self.batches += 1
                 self.calls += len(batch)
+            calls = [s.call for s in batch]
             try:
-                answers = self.send([s.call for s in batch])
+                if self.before_send is not None:
+                    self.before_send(calls)
+                answers = self.send(calls)
+                if self.after_send is not None:
+                    self.after_send(calls)
             except BaseException as exc:  # the whole batch: every caller sees it
                 for s in batch:
                     s.error = exc

@@ -306,12 +306,14 @@ class Runner:
                 lambda calls: self._call(lambda c: sqlapi.steps.begin_steps(c, calls)),
                 lanes=2,
                 max_batch=step_batch,
+                after_send=lambda calls: batch_fault("begin_batch", calls),
             )
             self.finishes = Batcher(
                 "finish-steps",
                 lambda calls: self._call(lambda c: sqlapi.steps.finish_steps(c, calls)),
                 lanes=2,
                 max_batch=step_batch,
+                before_send=lambda calls: batch_fault("finish_batch", calls),
             )
         helpers = [
             threading.Thread(target=self._listen, args=(stop,), name="listen", daemon=True),
@@ -1109,6 +1111,12 @@ def checked_output(call: Invocation, schema: dict[str, Any]) -> Invocation:
     return Invocation("invalid_output", call.output, problem, "output_schema", retryable=False)
 
 
+def batch_fault(name: str, calls: list[Any]) -> None:
+    """fault_point for a group-committed batch of more than one call."""
+    if len(calls) > 1:
+        fault_point(name)
+
+
 def fault_point(name: str, path: str | None = None) -> None:
     """Test hook: ORCH8_FAULT_POINT=<name> kills this process with SIGKILL right here;
     with ORCH8_FAULT_PATH=<regex>, only at a node whose path matches (a step inside a
@@ -1117,6 +1125,8 @@ def fault_point(name: str, path: str | None = None) -> None:
     after_dispatch: the receipt is dispatched, the handler has not run.
     before_finish: the handler of a side-effecting step returned, nothing recorded yet.
     before_verdict: a verifier asked the provider, its verdict is not recorded yet.
+    begin_batch: a batch of several begin_step calls committed, no thread told yet.
+    finish_batch: a batch of several finish_step calls is about to be sent.
     """
     where = os.environ.get("ORCH8_FAULT_PATH")
     if where and not (path and re.search(where, path)):

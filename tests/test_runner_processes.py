@@ -77,6 +77,50 @@ def test_sigkill_between_dispatch_and_commit(db_url, conn, provider_proc, tmp_pa
     assert queued == 1
 
 
+@pytest.mark.parametrize("fault", ["begin_batch", "finish_batch"])
+def test_sigkill_in_a_group_committed_batch(db_url, conn, provider_proc, tmp_path, fault):
+    """SIGKILL right after a batch of begin_step calls committed (receipts dispatched, no
+    handler told) or right before a batch of finish_step calls is sent (every handler of
+    it has charged): the batch's instances end blocked on an unknown receipt, nothing is
+    sent twice, and the rest complete."""
+    n = 12
+    for _ in range(n):  # the charges answer together, so their finishes share a batch
+        provider_proc.reply("/charge", json={"receipt_id": "ok"}, delay=0.3)
+    seq = charge_sequence(conn, provider_proc.url + "/charge")
+    instances = [start(conn, seq, {"order": i}) for i in range(n)]
+    crashing = spawn_runner(db_url, tmp_path / "a.log", ORCH8_FAULT_POINT=fault, **FAST_LEASE)
+    assert crashing.wait(timeout=60) == -signal.SIGKILL, (tmp_path / "a.log").read_text()
+    sent_by_crashed = len(provider_proc.requests_to("/charge"))
+    survivor = spawn_runner(db_url, tmp_path / "b.log", **FAST_LEASE)
+    try:
+        done = wait_for(conn, instances)
+    finally:
+        assert stop(survivor) == 0, (tmp_path / "b.log").read_text()
+    sent = collections.Counter(r.json["order"] for r in provider_proc.requests_to("/charge"))
+    assert all(k == 1 for k in sent.values()), sent  # nothing reached the provider twice
+    receipts = dict(
+        conn.execute(
+            "SELECT instance_id, state::text FROM orch8.effect_receipts"
+            " WHERE instance_id = ANY(%s)",
+            (instances,),
+        ).fetchall()
+    )
+    blocked = [i for i in instances if done[i][0] == "failed"]
+    for i in instances:
+        state, error = done[i]
+        if state == "completed":
+            assert receipts[i] == "committed"
+        else:
+            assert state == "failed" and error.startswith("EffectBlocked"), error
+            assert receipts[i] == "unknown"
+    assert len(blocked) >= 2, "the kill hit a batch of several calls"
+    if fault == "begin_batch":
+        assert sent_by_crashed == 0  # no handler was told its receipt was dispatched
+    else:
+        assert sent_by_crashed >= len(blocked)  # they charged; the finish never landed
+    assert sum(sent.values()) == n - (len(blocked) if fault == "begin_batch" else 0)
+
+
 def test_runner_past_its_lease_cannot_write_its_late_result(db_url, conn, provider_proc, tmp_path):
     provider_proc.reply("/charge", json={"receipt_id": "late"}, delay=3.0)
     seq = charge_sequence(conn, provider_proc.url + "/charge")

@@ -485,10 +485,19 @@ BEGIN
         RAISE EXCEPTION 'heartbeat_leases needs a positive lease, got %',
             coalesce(p_lease::text, 'NULL') USING ERRCODE = 'O8008';
     END IF;
+    -- Locked in the order group-committed batches lock their instances (tenant, instance):
+    -- a heartbeat and a batch then never wait on each other in a cycle.
     RETURN QUERY
+    WITH held AS (
+        SELECT n.tenant_id, n.instance_id, n.path FROM orch8.execution_nodes AS n
+        WHERE n.lease_token = ANY(p_lease_tokens) AND n.lease_expires_at >= orch8.now()
+        ORDER BY n.tenant_id, n.instance_id, n.path
+        FOR UPDATE
+    )
     UPDATE orch8.execution_nodes AS n
     SET lease_expires_at = orch8.now() + p_lease
-    WHERE n.lease_token = ANY(p_lease_tokens)
+    FROM held AS h
+    WHERE n.tenant_id = h.tenant_id AND n.instance_id = h.instance_id AND n.path = h.path
       AND n.lease_expires_at >= orch8.now()
     RETURNING n.lease_token;
 END
@@ -496,8 +505,10 @@ $$;
 
 COMMENT ON FUNCTION orch8.heartbeat_leases(uuid[], interval) IS
 'Extend every still-held node lease among p_lease_tokens to now + p_lease in one '
-'statement; returns the tokens still held (a missing one was lost: stop work on that '
-'node). A lease that is NULL or not positive: O8008.';
+'statement, locking the nodes in (tenant, instance, path) order, the order in which '
+'begin_steps and finish_steps take their calls (so they never deadlock); returns the '
+'tokens still held (a missing one was lost: stop work on that node). A lease that is NULL '
+'or not positive: O8008.';
 
 CREATE OR REPLACE FUNCTION orch8.transition_instance(
     p_tenant_id text,

@@ -743,8 +743,10 @@ DECLARE
     v_hint text;
 BEGIN
     PERFORM orch8.require_step_batch(p_calls, 'begin_steps');
+    -- in (tenant, instance) order, as heartbeat_leases locks: no lock cycle between them
     FOR v_call, v_n IN
         SELECT c.value, c.n FROM jsonb_array_elements(p_calls) WITH ORDINALITY AS c (value, n)
+        ORDER BY c.value ->> 'tenant_id', c.value ->> 'instance_id'
     LOOP
         v_state := NULL; v_message := NULL; v_detail := NULL; v_hint := NULL;
         BEGIN
@@ -796,8 +798,10 @@ DECLARE
     v_hint text;
 BEGIN
     PERFORM orch8.require_step_batch(p_calls, 'finish_steps');
+    -- in (tenant, instance) order, as heartbeat_leases locks: no lock cycle between them
     FOR v_call, v_n IN
         SELECT c.value, c.n FROM jsonb_array_elements(p_calls) WITH ORDINALITY AS c (value, n)
+        ORDER BY c.value ->> 'tenant_id', c.value ->> 'instance_id'
     LOOP
         v_state := NULL; v_message := NULL; v_detail := NULL; v_hint := NULL;
         BEGIN
