@@ -479,6 +479,8 @@ CREATE OR REPLACE FUNCTION orch8.heartbeat_leases(p_lease_tokens uuid[], p_lease
 RETURNS SETOF uuid
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_extended uuid[];
 BEGIN
     -- A negative lease would report the lease held while setting it in the past.
     IF p_lease IS NULL OR p_lease <= interval '0' THEN
@@ -487,17 +489,27 @@ BEGIN
     END IF;
     -- Locked in the order group-committed batches lock their instances (tenant, instance):
     -- a heartbeat and a batch then never wait on each other in a cycle.
-    RETURN QUERY
     WITH held AS (
         SELECT n.tenant_id, n.instance_id, n.path FROM orch8.execution_nodes AS n
         WHERE n.lease_token = ANY(p_lease_tokens) AND n.lease_expires_at >= orch8.now()
         ORDER BY n.tenant_id, n.instance_id, n.path
         FOR UPDATE
+    ), extended AS (
+        UPDATE orch8.execution_nodes AS n
+        SET lease_expires_at = orch8.now() + p_lease
+        FROM held AS h
+        WHERE n.tenant_id = h.tenant_id AND n.instance_id = h.instance_id AND n.path = h.path
+          AND n.lease_expires_at >= orch8.now()
+        RETURNING n.lease_token
     )
+    SELECT coalesce(array_agg(e.lease_token), '{}') INTO v_extended FROM extended AS e;
+    -- A lease handed over to the instance's next node while this waited for the lock
+    -- is on a row the statement above did not see; this one, with a new snapshot, does.
+    RETURN QUERY SELECT t.token FROM unnest(v_extended) AS t (token);
+    RETURN QUERY
     UPDATE orch8.execution_nodes AS n
     SET lease_expires_at = orch8.now() + p_lease
-    FROM held AS h
-    WHERE n.tenant_id = h.tenant_id AND n.instance_id = h.instance_id AND n.path = h.path
+    WHERE n.lease_token = ANY(p_lease_tokens) AND NOT n.lease_token = ANY(v_extended)
       AND n.lease_expires_at >= orch8.now()
     RETURNING n.lease_token;
 END
@@ -506,9 +518,10 @@ $$;
 COMMENT ON FUNCTION orch8.heartbeat_leases(uuid[], interval) IS
 'Extend every still-held node lease among p_lease_tokens to now + p_lease in one '
 'statement, locking the nodes in (tenant, instance, path) order, the order in which '
-'begin_steps and finish_steps take their calls (so they never deadlock); returns the '
-'tokens still held (a missing one was lost: stop work on that node). A lease that is NULL '
-'or not positive: O8008.';
+'begin_steps and finish_steps take their calls (so they never deadlock), then in a second '
+'statement the leases handed over to another node while it waited; returns the tokens '
+'still held (a missing one was lost: stop work on that node). A lease that is NULL or '
+'not positive: O8008.';
 
 CREATE OR REPLACE FUNCTION orch8.transition_instance(
     p_tenant_id text,

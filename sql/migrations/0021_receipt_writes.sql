@@ -42,6 +42,14 @@ DROP INDEX orch8.effect_receipts_unresolved_idx;
 DROP INDEX orch8.effect_receipts_continuity_idx;
 ALTER TABLE orch8.effect_receipts SET (fillfactor = 80);
 
+-- A receipt's events are written only by the trigger on the receipt itself, in the same
+-- statement, so the foreign key from the events to the receipts checked what is true by
+-- construction, and paid for it: each check takes a KEY SHARE lock on a receipt row the
+-- same transaction has just inserted or updated, a multixact and its WAL per event. With
+-- it gone a 3-step guarded run of 10,000 instances went from 385 to 456 steps/s.
+ALTER TABLE orch8.effect_receipt_events
+DROP CONSTRAINT effect_receipt_events_tenant_id_receipt_id_fkey;
+
 SELECT orch8.enable_tenant_isolation('orch8.open_receipts');
 REVOKE ALL ON orch8.open_receipts FROM public;
 GRANT SELECT ON orch8.open_receipts TO orch8_web, orch8_runner, orch8_auditor;
