@@ -243,28 +243,26 @@ def _answers(rows: list[Row], cls: type[T]) -> list[T | Exception]:
     return out
 
 
+def _batch(conn: Conn, function: str, columns: str, calls: list[Any]) -> list[Row]:
+    """One group-committed batch: each call's answer columns and its error, if any."""
+    return all_rows(
+        conn,
+        f"SELECT ord, {columns}, error_state, error_message, error_detail, error_hint"
+        f" FROM orch8.{function}(%(calls)s)",
+        {"calls": Jsonb([c.as_json() for c in calls])},
+    )
+
+
 def begin_steps(conn: Conn, calls: list[BeginCall]) -> list[Outcome | Exception]:
     """orch8.begin_steps: the calls in one transaction (group commit); per call its
     outcome or the exception begin_step raised (that call's writes undone)."""
-    rows = all_rows(
-        conn,
-        f"SELECT ord, {OUTCOME}, error_state, error_message, error_detail, error_hint"
-        " FROM orch8.begin_steps(%(calls)s)",
-        {"calls": Jsonb([c.as_json() for c in calls])},
-    )
-    return _answers(rows, Outcome)
+    return _answers(_batch(conn, "begin_steps", OUTCOME, calls), Outcome)
 
 
 def finish_steps(conn: Conn, calls: list[FinishCall]) -> list[Finished | Exception]:
     """orch8.finish_steps: the calls in one transaction (group commit); per call its
     answer or the exception finish_step raised (that call's writes undone)."""
-    rows = all_rows(
-        conn,
-        f"SELECT ord, {ANSWER}, error_state, error_message, error_detail, error_hint"
-        " FROM orch8.finish_steps(%(calls)s)",
-        {"calls": Jsonb([c.as_json() for c in calls])},
-    )
-    return _answers(rows, Finished)
+    return _answers(_batch(conn, "finish_steps", ANSWER, calls), Finished)
 
 
 def decide(
