@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: run test lint typecheck pgtap plpgsql-check pytest rules bench chaos chaos-ha clean
+.PHONY: run test lint typecheck pgtap plpgsql-check pytest rules manual bench chaos chaos-ha clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ pytest: $(STAMP)
 ## rules: regenerate orch8_py/rules.py from a freshly migrated database (after SQL changes)
 rules: $(STAMP)
 	$(BIN)/python -m tests.gen_rules
+
+## manual: write what psql prints into the DBA manual's ```text blocks (docs/SQL_API.md,
+## docs/CONTINUITY_OPERATIONS.md, the README); read the diff before committing it
+manual: $(STAMP)
+	$(BIN)/python -m tests.dba_manual --write
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

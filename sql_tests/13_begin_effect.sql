@@ -1,7 +1,7 @@
 -- begin_effect: everything before a side effect, without a commit guard (see
 -- 14_commit_guard.sql for the guarded dispatch).
 -- Expected receipt ids were computed in Python (see 11_effect_ids.sql) for continuity
--- 511c3cff-6ba1-8ff6-aee8-afd472664eaf (the scope of instance a1), epoch 0.
+-- 00000000-0000-8ff6-aee8-afd472664eaf (the scope of instance a1), epoch 0.
 BEGIN;
 SELECT plan(31);
 -- the instances the vectors name (a receipt needs a real instance)
@@ -58,7 +58,7 @@ SELECT results_eq(
     $$SELECT outcome, effect_id, state, kind, block_id, attempt, invariant_id,
              competing_effect_id
       FROM o_first$$,
-    $$VALUES ('dispatched', 'e2d23938-085c-824c-a62b-413d7dfd0152'::uuid,
+    $$VALUES ('dispatched', '31711156-44bf-89ff-b65b-12e788efdb1a'::uuid,
               'dispatched'::orch8.effect_state, 'http', 'pay', 0, NULL::uuid, NULL::uuid)$$,
     'begin_effect of an http_request: outcome dispatched with the deterministic id'
 );
@@ -76,9 +76,9 @@ SELECT results_eq(
     $$SELECT state, continuity_id, epoch, kind, handler, destination_fingerprint,
              request_sha256, idempotency_key, provider_receipt_id, error
       FROM orch8.effect_receipts
-      WHERE tenant_id = 't1' AND id = 'e2d23938-085c-824c-a62b-413d7dfd0152'$$,
+      WHERE tenant_id = 't1' AND id = '31711156-44bf-89ff-b65b-12e788efdb1a'$$,
     $$VALUES ('dispatched'::orch8.effect_state,
-              '511c3cff-6ba1-8ff6-aee8-afd472664eaf'::uuid, 0::bigint, 'http', 'http_request',
+              '00000000-0000-8ff6-aee8-afd472664eaf'::uuid, 0::bigint, 'http', 'http_request',
               '8823cce3fc774a3bf746e10a74d58ca3a4a0348e2b273facbbe4ba6d72e942e5',
               '20d3cc25d803b785c7e34c9a7e0d635ac722f0548e489f1ab55927dbcb7183f6',
               'k-1', NULL::text, NULL::text)$$,
@@ -87,7 +87,7 @@ SELECT results_eq(
 
 SELECT results_eq(
     $$SELECT from_state, to_state, actor FROM orch8.effect_receipt_events
-      WHERE tenant_id = 't1' AND receipt_id = 'e2d23938-085c-824c-a62b-413d7dfd0152'
+      WHERE tenant_id = 't1' AND receipt_id = '31711156-44bf-89ff-b65b-12e788efdb1a'
       ORDER BY event_id$$,
     $$VALUES
         (NULL::orch8.effect_state, 'planned'::orch8.effect_state, 'engine'),
@@ -156,7 +156,7 @@ SELECT * FROM orch8.begin_effect(
 
 SELECT results_eq(
     'SELECT outcome, effect_id, state FROM o_again',
-    $$VALUES ('blocked', 'e2d23938-085c-824c-a62b-413d7dfd0152'::uuid,
+    $$VALUES ('blocked', '31711156-44bf-89ff-b65b-12e788efdb1a'::uuid,
               'unknown'::orch8.effect_state)$$,
     're-begin of a dispatched (block, attempt): blocked, the receipt is now unknown'
 );
@@ -164,14 +164,14 @@ SELECT results_eq(
 SELECT results_eq(
     $$SELECT id, state, error IS NOT NULL FROM orch8.effect_receipts
       WHERE tenant_id = 't1' AND block_id = 'pay' AND attempt = 0$$,
-    $$VALUES ('e2d23938-085c-824c-a62b-413d7dfd0152'::uuid,
+    $$VALUES ('31711156-44bf-89ff-b65b-12e788efdb1a'::uuid,
               'unknown'::orch8.effect_state, true)$$,
     'still one receipt for (pay, 0), now unknown with an error explaining why'
 );
 
 SELECT results_eq(
     $$SELECT from_state, to_state FROM orch8.effect_receipt_events
-      WHERE tenant_id = 't1' AND receipt_id = 'e2d23938-085c-824c-a62b-413d7dfd0152'
+      WHERE tenant_id = 't1' AND receipt_id = '31711156-44bf-89ff-b65b-12e788efdb1a'
       ORDER BY event_id DESC LIMIT 1$$,
     $$VALUES ('dispatched'::orch8.effect_state, 'unknown'::orch8.effect_state)$$,
     'the move dispatched -> unknown is recorded'
@@ -188,7 +188,7 @@ SELECT * FROM orch8.begin_effect(
 
 SELECT results_eq(
     'SELECT outcome, effect_id, state FROM o_third',
-    $$VALUES ('blocked', 'e2d23938-085c-824c-a62b-413d7dfd0152'::uuid,
+    $$VALUES ('blocked', '31711156-44bf-89ff-b65b-12e788efdb1a'::uuid,
               'unknown'::orch8.effect_state)$$,
     'beginning again while unknown: blocked, state stays unknown'
 );
@@ -196,7 +196,7 @@ SELECT results_eq(
 SELECT is(
     (
         SELECT count(*)::integer FROM orch8.effect_receipt_events
-        WHERE tenant_id = 't1' AND receipt_id = 'e2d23938-085c-824c-a62b-413d7dfd0152'
+        WHERE tenant_id = 't1' AND receipt_id = '31711156-44bf-89ff-b65b-12e788efdb1a'
     ),
     4,
     'blocked while unknown writes no event (planned, prepared, dispatched, unknown)'
@@ -215,7 +215,7 @@ SELECT * FROM orch8.begin_effect(
 
 SELECT results_eq(
     'SELECT outcome, effect_id, state, attempt FROM o_next',
-    $$VALUES ('dispatched', '6281293c-3e75-83fd-a065-da11ce44fad7'::uuid,
+    $$VALUES ('dispatched', '90926f69-cdf6-84ec-9d92-5a6785a27efd'::uuid,
               'dispatched'::orch8.effect_state, 1)$$,
     'attempt + 1: a new receipt with its own deterministic id, dispatched'
 );
@@ -233,7 +233,7 @@ SELECT orch8.begin_effect(
     't1', '00000000-0000-0000-0000-0000000000a1', 'ship', 'emit_event',
     '{"topic": "orders", "payload": {"id": 7}}', 0
 );
-SELECT orch8.commit_effect('t1', '1773d5ee-1ed1-800e-b99c-7629ff1d7ffa', '{}');
+SELECT orch8.commit_effect('t1', 'af892ea9-0fb6-86c3-98fc-c0fb01ff8add', '{}');
 
 CREATE TEMP TABLE o_committed AS
 SELECT * FROM orch8.begin_effect(
@@ -243,7 +243,7 @@ SELECT * FROM orch8.begin_effect(
 
 SELECT results_eq(
     'SELECT outcome, effect_id, state, kind FROM o_committed',
-    $$VALUES ('blocked', '1773d5ee-1ed1-800e-b99c-7629ff1d7ffa'::uuid,
+    $$VALUES ('blocked', 'af892ea9-0fb6-86c3-98fc-c0fb01ff8add'::uuid,
               'committed'::orch8.effect_state, 'message')$$,
     'begin of a (block, attempt) already committed: blocked with state committed'
 );
@@ -251,7 +251,7 @@ SELECT results_eq(
 SELECT results_eq(
     $$SELECT count(*)::integer, min(state::text), (
           SELECT count(*)::integer FROM orch8.effect_receipt_events AS e
-          WHERE e.tenant_id = 't1' AND e.receipt_id = '1773d5ee-1ed1-800e-b99c-7629ff1d7ffa'
+          WHERE e.tenant_id = 't1' AND e.receipt_id = 'af892ea9-0fb6-86c3-98fc-c0fb01ff8add'
       )
       FROM orch8.effect_receipts
       WHERE tenant_id = 't1' AND block_id = 'ship'$$,
@@ -282,7 +282,7 @@ SELECT results_eq(
 SELECT results_eq(
     $$SELECT id, state, block_id FROM orch8.ensure_effect_receipt(
           't1', '00000000-0000-0000-0000-0000000000f1',
-          '511c3cff-6ba1-8ff6-aee8-afd472664eaf', 0,
+          '00000000-0000-8ff6-aee8-afd472664eaf', 0,
           '00000000-0000-0000-0000-0000000000a1', 'manual', 0, 'http', 'http_request',
           repeat('a', 64), repeat('b', 64))$$,
     $$VALUES ('00000000-0000-0000-0000-0000000000f1'::uuid,
@@ -297,7 +297,7 @@ SELECT orch8.cas_effect_receipt(
 SELECT results_eq(
     $$SELECT id, state FROM orch8.ensure_effect_receipt(
           't1', '00000000-0000-0000-0000-0000000000f1',
-          '511c3cff-6ba1-8ff6-aee8-afd472664eaf', 0,
+          '00000000-0000-8ff6-aee8-afd472664eaf', 0,
           '00000000-0000-0000-0000-0000000000a1', 'manual', 0, 'http', 'http_request',
           repeat('a', 64), repeat('b', 64))$$,
     $$VALUES ('00000000-0000-0000-0000-0000000000f1'::uuid, 'prepared'::orch8.effect_state)$$,
@@ -316,7 +316,7 @@ SELECT is(
 SELECT throws_ok(
     $$SELECT orch8.ensure_effect_receipt(
           't1', '00000000-0000-0000-0000-0000000000f1',
-          '511c3cff-6ba1-8ff6-aee8-afd472664eaf', 0,
+          '00000000-0000-8ff6-aee8-afd472664eaf', 0,
           '00000000-0000-0000-0000-0000000000a1', 'manual', 0, 'http', 'http_request',
           repeat('a', 64), repeat('c', 64))$$,
     'O8005', NULL,
@@ -326,7 +326,7 @@ SELECT throws_ok(
 SELECT throws_ok(
     $$SELECT orch8.ensure_effect_receipt(
           't1', '00000000-0000-0000-0000-0000000000f1',
-          '511c3cff-6ba1-8ff6-aee8-afd472664eaf', 0,
+          '00000000-0000-8ff6-aee8-afd472664eaf', 0,
           '00000000-0000-0000-0000-0000000000a1', 'other-block', 0, 'http', 'http_request',
           repeat('a', 64), repeat('b', 64))$$,
     'O8005', NULL,
@@ -336,7 +336,7 @@ SELECT throws_ok(
 SELECT throws_ok(
     $$SELECT orch8.ensure_effect_receipt(
           't1', '00000000-0000-0000-0000-0000000000f1',
-          '511c3cff-6ba1-8ff6-aee8-afd472664eaf', 0,
+          '00000000-0000-8ff6-aee8-afd472664eaf', 0,
           '00000000-0000-0000-0000-0000000000a1', 'manual', 3, 'http', 'http_request',
           repeat('a', 64), repeat('b', 64))$$,
     'O8005', NULL,

@@ -308,6 +308,7 @@ def test_another_tenants_resources_are_not_found(conn, api, as_role):
     assert ok(api.get("/webhooks/outbox"))["items"] == []
     # the queue view runs with its owner's rights: the route's tenant filter must hold
     assert ok(api.get("/effects/unresolved"))["items"] == []
+    assert ok(api.get(f"/effects/find?key={effect_id}"))["items"] == []
     theirs_queue = ok(as_role("other").get("/effects/unresolved"))["items"]
     assert [e["effect_id"] for e in theirs_queue] == [str(effect_id)]
     # nothing of theirs moved
@@ -544,7 +545,7 @@ def test_cancel_pause_resume(conn, api):
     inst = ok(api.post("/instances", {"sequence": "hello"}), 201)["id"]
     assert ok(api.post(f"/instances/{inst}/pause", {"reason": "look first"}))["outcome"] == "paused"
     assert ok(api.post(f"/instances/{inst}/pause"))["outcome"] == "unchanged"
-    moved = ok(api.post(f"/instances/{inst}/resume", {}))
+    moved = ok(api.post(f"/instances/{inst}/resume", {"reason": "looked"}))
     assert moved == {
         "id": inst,
         "outcome": "scheduled",
@@ -579,10 +580,29 @@ def test_cancel_pause_resume(conn, api):
     problem(api.post(f"/instances/{inst}/retry"), 409)
     audit = ok(api.get(f"/instances/{inst}/audit"))["items"]
     assert {a["actor"] for a in audit[1:3]} == {"key:operator-alice"}
-    assert audit[1]["reason"] == "look first"
+    assert [a["reason"] for a in audit[1:3]] == ["look first", "looked"]
+    # the cancel asked while running is applied by the runner, in the asker's name
+    assert (audit[-1]["to_state"], audit[-1]["actor"], audit[-1]["reason"]) == (
+        "cancelled",
+        "key:operator-alice",
+        "customer asked",
+    )
+    asked = ok(api.get(f"/instances/{inst}/requests"))["items"]
+    assert [(r["action"], r["reason"], r["outcome"]) for r in asked] == [
+        ("pause", "look first", "paused"),
+        ("pause", None, "unchanged"),
+        ("resume", "looked", "scheduled"),
+        ("pause", None, "requested"),
+        ("resume", None, "withdrawn"),
+        ("cancel", "customer asked", "requested"),
+    ]
+    assert {r["actor"] for r in asked} == {"key:operator-alice"}
+    assert all(r["api_key_id"] and r["db_user"] for r in asked)
+    problem(api.get(f"/instances/{uuid.uuid4()}/requests"), 404)
     # bodies of the moves are checked too
     problem(api.post(f"/instances/{inst}/cancel", {"why": "x"}), 422)
-    problem(api.post(f"/instances/{inst}/resume", {"reason": "x"}), 422)
+    problem(api.post(f"/instances/{inst}/resume", {"why": "x"}), 422)
+    problem(api.post(f"/instances/{inst}/resume", {"reason": "x" * 3000}), 422)
     problem(api.post(f"/instances/{uuid.uuid4()}/cancel"), 404)
     problem(api.post("/instances/123/cancel"), 422)
 
@@ -642,6 +662,15 @@ def test_effect_lists_queue_and_detail(conn, api):
     assert shown["invariant_results"] == []
     problem(api.get(f"/effects/{uuid.uuid4()}"), 404)
     problem(api.get("/effects/xyz"), 422)
+
+    # found by the key a provider shows: the idempotency key sent, or the receipt id
+    for key in ("order-7", str(effect_id), str(effect_id).upper()):
+        assert [r["id"] for r in ok(api.get(f"/effects/find?key={key}"))["items"]] == [
+            str(effect_id)
+        ]
+    assert ok(api.get("/effects/find?key=nothing-sent-so"))["items"] == []
+    for qs in ["", "key=", "key=" + "k" * 257, "key=a&x=1"]:
+        problem(api.get(f"/effects/find?{qs}"), 422)
 
 
 def test_effect_detail_names_invariant_results(conn, api):

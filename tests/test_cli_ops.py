@@ -151,7 +151,10 @@ def test_instances_list_and_operations(db_url, conn):
 
     assert ok(db_url, "instances", "pause", a, *t).strip() == f"instance {a} is now paused"
     assert "already paused" in ok(db_url, "instances", "pause", a, *t)
-    assert ok_json(db_url, "instances", "resume", a, *t)["outcome"] == "scheduled"
+    assert (
+        ok_json(db_url, "instances", "resume", a, "--reason", "checked", *t)["outcome"]
+        == "scheduled"
+    )
     sig = ok_json(db_url, "instances", "signal", a, "approved", "--payload", '{"by": "bob"}', *t)
     assert sig["outcome"] == "pending" and sig["signal_type"] == "approved"
     assert conn.execute(
@@ -167,7 +170,19 @@ def test_instances_list_and_operations(db_url, conn):
         (a,),
     ).fetchone() == ("alice", "customer asked")
     assert ok_json(db_url, "instances", "cancel", a, *t)["outcome"] == "unchanged"
-    assert ok_json(db_url, "instances", "show", a, *t)["state"] == "cancelled"
+    shown = ok_json(db_url, "instances", "show", a, *t)
+    assert shown["state"] == "cancelled"
+    # every request is on record with who asked, why, and what it answered
+    assert [(r["action"], r["actor"], r["reason"], r["outcome"]) for r in shown["requests"]] == [
+        ("pause", "cli:tester", None, "paused"),
+        ("pause", "cli:tester", None, "unchanged"),
+        ("resume", "cli:tester", "checked", "scheduled"),
+        ("cancel", "alice", "customer asked", "cancelled"),
+        ("cancel", "cli:tester", None, "unchanged"),
+    ]
+    text = ok(db_url, "instances", "show", a, *t)
+    assert re.search(r"requests:\n.*pause +by cli:tester: paused", text), text
+    assert re.search(r"resume +by cli:tester: scheduled  \(checked\)", text), text
     assert [r["id"] for r in ok_json(db_url, "instances", "list", "--state", "cancelled", *t)] == [
         a
     ]
@@ -211,6 +226,8 @@ def test_bad_input_is_one_line_with_exit_2(db_url, tmp_path):
             (2, ("instances", "signal", "x", "t"), ("not an instance id",)),
             (2, ("instances", "list", "--limit", "0"), ("--limit",)),
             (2, ("effects", "show", "x"), ("not an effect id",)),
+            (2, ("effects", "find", " "), ("the key must be 1 to 256 bytes, without NUL",)),
+            (2, ("effects", "find", "k" * 257), ("the key must be 1 to 256 bytes, without NUL",)),
             (
                 2,
                 ("effects", "resolve", "x", "--state", "committed", "--expected-state", "unknown"),
@@ -326,6 +343,11 @@ def test_reconciliation_flow(db_url, conn):
     assert re.search(r"dispatched\s+unknown", text), text
     assert f"orch8 effects resolve {ea} --tenant {TENANT} --expected-state unknown" in text
     shown = ok_json(db_url, "effects", "show", str(ea), *t)
+    # found again by the key a provider would show (here the default key: its id)
+    found = ok(db_url, "effects", "find", str(ea), *t)
+    assert str(ea) in found and "orch8 effects show EFFECT_ID" in found
+    assert [r["id"] for r in ok_json(db_url, "effects", "find", str(ea), *t)] == [str(ea)]
+    assert "no receipt in tenant" in ok(db_url, "effects", "find", "nothing-sent", *t)
     assert shown["state"] == "unknown" and shown["request_sha256"] == receipt[1]
     assert [e["to_state"] for e in shown["events"]] == [
         "planned",

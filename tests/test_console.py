@@ -632,11 +632,34 @@ def test_cancel_from_the_instance_page(operator, conn):
     instance = start(conn, seq)
     page = operator.get(f"/console/instances/{instance}")
     assert "Cancel instance" in page.text and "Retry instance" not in page.text
+    assert 'name="reason"' in page.text and "No pause, cancel or resume asked." in page.text
     resp = operator.post(
-        f"/console/instances/{instance}/cancel", data={"csrf_token": csrf_of(page.text)}
+        f"/console/instances/{instance}/cancel",
+        data={"csrf_token": csrf_of(page.text), "reason": "duplicate order"},
     )
-    assert "Cancelled." in operator.get(resp.headers["Location"]).text
+    shown = operator.get(resp.headers["Location"]).text
+    assert "Cancelled." in shown
     assert instance_state(conn, instance) == "cancelled"
+    # the request and its reason are in the page's audit trail, in the operator's name
+    [row] = re.findall(r'<table id="requests">.*?<tbody>(.*?)</tbody>', shown, re.S)
+    assert "cancel" in row and "duplicate order" in row and ">cancelled<" in row
+    actor = conn.execute(
+        "SELECT actor FROM orch8.instance_requests WHERE instance_id = %s", (instance,)
+    ).fetchone()[0]
+    assert actor.startswith("key:") and actor in row
+    # a blank reason falls back to saying where the cancel came from
+    other = start(conn, seq)
+    page = operator.get(f"/console/instances/{other}")
+    operator.post(
+        f"/console/instances/{other}/cancel",
+        data={"csrf_token": csrf_of(page.text), "reason": "  "},
+    )
+    assert (
+        conn.execute(
+            "SELECT reason FROM orch8.instance_requests WHERE instance_id = %s", (other,)
+        ).fetchone()[0]
+        == "cancelled from the console"
+    )
 
 
 def test_unknown_pages_and_database_errors_are_pages_not_tracebacks(operator, app):

@@ -263,3 +263,60 @@ def test_sequence_declared_commit_guard_covers_its_instances(conn, sequence_id):
         "SELECT count(*) FROM orch8.effect_commit_guards(%s, %s, 'http')", (TENANT, other)
     ).fetchone()[0]
     assert guards == 0
+
+
+def test_heartbeat_keeps_a_lease_handed_over_while_it_waited(db_url, conn):
+    """A heartbeat that waits on a node's lock while the step's finish hands the lease
+    over to the instance's next node must extend the lease on that next node (its
+    second pass), not report it lost. Real sessions: the finish holds its locks until
+    the heartbeat is seen waiting on them, then commits."""
+    from tests.runner_helpers import make_sequence
+
+    seq = make_sequence(conn, [{"type": "step", "id": s, "handler": "noop"} for s in ("a", "b")])
+    for round_ in range(5):
+        instance = create(conn, seq)[0]
+        token = conn.execute(
+            "SELECT lease_token FROM orch8.claim_due_nodes('w', 1, '5 seconds')"
+            " WHERE instance_id = %s",
+            (instance,),
+        ).fetchone()[0]
+        with (
+            psycopg.connect(db_url) as finisher,
+            psycopg.connect(db_url, autocommit=True) as beat,
+        ):
+            beat_pid = beat.info.backend_pid
+            finisher.execute(
+                "SELECT orch8.finish_step(%s, %s, %s, 'a', 0, NULL, 'ok', '{}')",
+                (TENANT, instance, token),
+            )  # not committed: it holds node a and the handed-over node b
+            held: list = []
+
+            def heartbeat(beat=beat, token=token, held=held):
+                held.extend(
+                    r[0]
+                    for r in beat.execute(
+                        "SELECT orch8.heartbeat_leases(%s, '10 minutes')", ([token],)
+                    )
+                )
+
+            thread = threading.Thread(target=heartbeat)
+            thread.start()
+            # the barrier: the heartbeat is waiting on the finisher's lock
+            for _ in range(500):
+                waiting = conn.execute(
+                    "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                    (beat_pid,),
+                ).fetchone()[0]
+                if waiting:
+                    break
+                threading.Event().wait(0.01)
+            assert waiting, f"round {round_}: the heartbeat never waited on the finish"
+            finisher.commit()
+            thread.join(timeout=30)
+        assert held == [token], f"round {round_}: the handed-over lease was reported lost"
+        lease = conn.execute(
+            "SELECT path, extract(epoch FROM lease_expires_at - orch8.now())"
+            " FROM orch8.execution_nodes WHERE lease_token = %s",
+            (token,),
+        ).fetchone()
+        assert lease[0] != "" and 590 < lease[1] <= 600, lease

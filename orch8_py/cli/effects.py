@@ -154,6 +154,44 @@ def effects_unresolved(args: argparse.Namespace, url: str) -> int:
 
 
 @command
+def effects_find(args: argparse.Namespace, url: str) -> int:
+    key = args.key.strip()
+    most = rules.LIMITS["idempotency_key_bytes"]
+    if not key or len(key.encode()) > most or "\x00" in key:
+        raise InvalidInput(f"the key must be 1 to {most} bytes, without NUL")
+    with db.connect(url, autocommit=True) as conn:
+        rows = sqlapi.effects.find_receipts(conn, tenant_id=args.tenant, key=key)
+    if args.json:
+        emit(rows, True, "")
+        return EXIT_OK
+    if not rows:
+        print(
+            f"no receipt in tenant {args.tenant!r} has the id, idempotency key or provider "
+            f"receipt id {key!r}",
+            flush=True,
+        )
+        return EXIT_OK
+    text = table(
+        ["effect id", "state", "instance", "block", "attempt", "idempotency key", "provider id"],
+        [
+            (
+                r["id"],
+                r["state"],
+                r["instance_id"],
+                r["block_id"],
+                r["attempt"],
+                r["idempotency_key"],
+                r["provider_receipt_id"],
+            )
+            for r in rows
+        ],
+    )
+    text += f"\nlook at one: orch8 effects show EFFECT_ID{tenant_flag(args)}"
+    print(text, flush=True)
+    return EXIT_OK
+
+
+@command
 def effects_show(args: argparse.Namespace, url: str) -> int:
     effect_id = parse_uuid(args.id, "an effect id")
     with db.connect(url, autocommit=True) as conn:
@@ -385,6 +423,15 @@ def add_parsers(sub: Subparsers) -> None:
     )
     common_flags(unresolved)
     unresolved.set_defaults(db_func=effects_unresolved)
+
+    find = effsub.add_parser(
+        "find",
+        help="the receipts a key points at: a receipt id, an idempotency key or a "
+        "provider's receipt id",
+    )
+    find.add_argument("key", help="what the provider shows (at most 256 bytes)")
+    common_flags(find)
+    find.set_defaults(db_func=effects_find)
 
     show = effsub.add_parser("show", help="one receipt: every evidence field and its history")
     show.add_argument("id", help="effect id")

@@ -231,12 +231,25 @@ def instances_show(args: argparse.Namespace, url: str) -> int:
             conn, tenant_id=args.tenant, instance_id=instance_id
         )
         waits = sqlapi.instances.waiting_nodes(conn, tenant_id=args.tenant, instance_id=instance_id)
+        requests = sqlapi.instances.instance_requests(
+            conn, tenant_id=args.tenant, instance_id=instance_id
+        )
     shown = ("id", "state", "requested_state", "current_block", "error", "created_at")
     inst = {k: found[k] for k in (*shown, "updated_at", "context")}
     brief = ("id", "block_id", "attempt", "kind", "state", "provider_receipt_id")
     receipts = [{k: r[k] for k in (*brief, "idempotency_key", "error")} for r in effects]
     if args.json:
-        emit({**inst, "tree": as_json(tree), "effects": receipts, "waiting": waits}, True, "")
+        emit(
+            {
+                **inst,
+                "tree": as_json(tree),
+                "effects": receipts,
+                "waiting": waits,
+                "requests": requests,
+            },
+            True,
+            "",
+        )
         return EXIT_OK
     requested = f" ({inst['requested_state']} requested)" if inst["requested_state"] else ""
     lines = [f"instance {inst['id']}  {inst['state']}{requested}"]
@@ -265,6 +278,13 @@ def instances_show(args: argparse.Namespace, url: str) -> int:
         f"{r['state']:<10} provider receipt {r['provider_receipt_id'] or '-'}"
         for r in receipts
     ] or ["    (none)"]
+    if requests:
+        lines.append("  requests:")
+        lines += [
+            f"    {r['at']:%Y-%m-%d %H:%M:%S}  {r['action']:<6} by {r['actor']}: {r['outcome']}"
+            + (f"  ({r['reason']})" if r["reason"] else "")
+            for r in requests
+        ]
     print("\n".join(lines), flush=True)
     return EXIT_OK
 
@@ -418,7 +438,7 @@ def instances_resume(args: argparse.Namespace, url: str) -> int:
         "resume",
         "scheduled",
         lambda conn, instance_id: sqlapi.instances.resume_instance(
-            conn, tenant_id=args.tenant, instance_id=instance_id, actor=actor
+            conn, tenant_id=args.tenant, instance_id=instance_id, actor=actor, reason=args.reason
         ),
     )
 
@@ -588,8 +608,9 @@ def add_parsers(sub: Subparsers) -> None:
     ):
         sp = instsub.add_parser(name, help=text)
         sp.add_argument("id", help="instance id")
-        if name != "resume":
-            sp.add_argument("--reason", default=None, help="recorded with the change")
+        sp.add_argument(
+            "--reason", default=None, help="recorded with who asked (instances show: requests)"
+        )
         actor_flag(sp)
         common_flags(sp)
         sp.set_defaults(db_func=func)

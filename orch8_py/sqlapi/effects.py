@@ -185,6 +185,16 @@ def receipts_of_instance(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID) 
     )
 
 
+def find_receipts(conn: Conn, *, tenant_id: str, key: str) -> list[Row]:
+    """orch8.find_receipts: the receipts a key points at (their id, the idempotency key
+    they were sent with, or the provider's receipt id), oldest first."""
+    return all_rows(
+        conn,
+        f"SELECT {RECEIPT} FROM orch8.find_receipts(%(tenant)s, %(key)s)",
+        {"tenant": tenant_id, "key": key},
+    )
+
+
 def receipts_of_continuity(
     conn: Conn, *, tenant_id: str, continuity_id: uuid.UUID
 ) -> list[Row] | None:

@@ -293,6 +293,18 @@ def instance_audit(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID) -> lis
     )
 
 
+def instance_requests(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID) -> list[Row]:
+    """The pauses, cancels and resumes asked of the instance (orch8.instance_requests), in
+    order."""
+    return all_rows(
+        conn,
+        "SELECT seq, action, actor, reason, outcome, at, db_user, api_key_id"
+        " FROM orch8.instance_requests"
+        " WHERE tenant_id = %(tenant)s AND instance_id = %(id)s ORDER BY seq",
+        {"tenant": tenant_id, "id": instance_id},
+    )
+
+
 def instance_signals(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID) -> list[Row]:
     return all_rows(
         conn,
@@ -378,13 +390,16 @@ def request_instance_state(
     return outcome
 
 
-def resume_instance(conn: Conn, *, tenant_id: str, instance_id: uuid.UUID, actor: str) -> str:
-    """scheduled, or running (a pending pause withdrawn)."""
+def resume_instance(
+    conn: Conn, *, tenant_id: str, instance_id: uuid.UUID, actor: str, reason: str | None = None
+) -> str:
+    """scheduled (or waiting, or failed, as its tree says), or running (a pending pause
+    withdrawn)."""
     outcome: str = value(
         conn,
         "SELECT orch8.resume_instance(p_tenant_id => %(tenant)s, p_instance_id => %(id)s,"
-        " p_actor => %(actor)s)",
-        {"tenant": tenant_id, "id": instance_id, "actor": actor},
+        " p_actor => %(actor)s, p_reason => %(reason)s)",
+        {"tenant": tenant_id, "id": instance_id, "actor": actor, "reason": reason},
     )
     return outcome
 

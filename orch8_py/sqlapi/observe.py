@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Conn, Row, all_rows, one, value
+from .base import Conn, Row, all_rows, value
 
 # One statement, small aggregates: (metric, tenant, kind, state, blocking, n, seconds), by a
 # function that reads every tenant's counts whoever calls (the web role included).
@@ -28,30 +28,6 @@ def instances_in_flight(conn: Conn) -> int:
         "SELECT count(*) FROM orch8.task_instances WHERE state IN ('scheduled', 'running')",
     )
     return n
-
-
-def completion_counts(conn: Conn) -> dict[str, int]:
-    """How many instances of every tenant completed and failed."""
-    row = one(
-        conn,
-        "SELECT count(*) FILTER (WHERE state = 'completed') AS completed,"
-        " count(*) FILTER (WHERE state = 'failed') AS failed FROM orch8.task_instances",
-    )
-    return {"completed": row["completed"], "failed": row["failed"]}
-
-
-def run_latencies(conn: Conn) -> list[float]:
-    """Seconds from first claim to completion, per completed instance."""
-    return [
-        r["seconds"]
-        for r in all_rows(
-            conn,
-            "SELECT extract(epoch FROM max(at) FILTER (WHERE to_state = 'completed')"
-            " - min(at) FILTER (WHERE to_state = 'running'))::float8 AS seconds"
-            " FROM orch8.instance_transitions GROUP BY instance_id",
-        )
-        if r["seconds"] is not None
-    ]
 
 
 def worker_task_lags(conn: Conn) -> list[Row]:

@@ -48,12 +48,14 @@ COMMENT ON FUNCTION orch8.effect_kind(text) IS
 
 CREATE OR REPLACE FUNCTION orch8.clear_event_attribution()
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
-    SELECT
-        set_config('orch8.event_actor', '', true),
-        set_config('orch8.event_note', '', true),
-        set_config('orch8.event_evidence', '', true)
+BEGIN
+    -- PL/pgSQL: called twice a step, where a SQL function would be planned each time
+    PERFORM set_config('orch8.event_actor', '', true),
+            set_config('orch8.event_note', '', true),
+            set_config('orch8.event_evidence', '', true);
+END
 $$;
 
 COMMENT ON FUNCTION orch8.clear_event_attribution() IS
@@ -320,14 +322,18 @@ CREATE OR REPLACE FUNCTION orch8.effect_outcome_of(
     p_competing_effect_id uuid DEFAULT NULL
 )
 RETURNS orch8.effect_outcome
-LANGUAGE sql
+LANGUAGE plpgsql
 IMMUTABLE
 AS $$
-    SELECT ROW(
+BEGIN
+    -- PL/pgSQL: a SQL function returning a row type is not inlined, and would be planned
+    -- again on every call
+    RETURN ROW(
         p_outcome, (p_receipt).id, (p_receipt).state, (p_receipt).kind, (p_receipt).block_id,
         (p_receipt).attempt, p_invariant_id, p_competing_effect_id, p_detail,
         (p_receipt).idempotency_key
-    )::orch8.effect_outcome
+    )::orch8.effect_outcome;
+END
 $$;
 
 COMMENT ON FUNCTION orch8.effect_outcome_of(
@@ -349,6 +355,40 @@ $$;
 
 COMMENT ON FUNCTION orch8.load_effect_receipt(text, uuid) IS
 'One receipt by tenant and id, or NULL.';
+
+CREATE OR REPLACE FUNCTION orch8.find_receipts(p_tenant_id text, p_key text)
+RETURNS SETOF orch8.effect_receipts
+LANGUAGE plpgsql
+STABLE
+AS $$
+DECLARE
+    -- a key shaped like a UUID may be the receipt id itself (the default idempotency key)
+    v_id uuid := CASE WHEN p_key ~* '^[0-9a-f]{8}-?([0-9a-f]{4}-?){3}[0-9a-f]{12}$'
+                      THEN p_key::uuid END;
+BEGIN
+    RETURN QUERY
+    SELECT r.* FROM orch8.effect_receipts AS r
+    WHERE r.tenant_id = p_tenant_id AND r.id IN (
+        SELECT k.id FROM orch8.effect_receipts AS k
+        WHERE k.tenant_id = p_tenant_id AND k.id = v_id
+        UNION
+        -- the partial index effect_receipts_idempotency_key_idx: keys other than the id
+        SELECT k.id FROM orch8.effect_receipts AS k
+        WHERE k.tenant_id = p_tenant_id AND k.idempotency_key = p_key
+          AND k.idempotency_key <> k.id::text
+        UNION
+        SELECT p.receipt_id FROM orch8.receipt_provider_ids AS p
+        WHERE p.tenant_id = p_tenant_id AND p.provider_receipt_id = p_key)
+    ORDER BY r.created_at, r.id;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.find_receipts(text, text) IS
+'The tenant''s receipts a key a person holds points at, oldest first: the receipt whose '
+'id it is, those sent with it as idempotency key, and those the provider answered with '
+'it as receipt id; each path an index lookup (effect_receipts_pkey, '
+'effect_receipts_idempotency_key_idx, receipt_provider_ids), however many receipts the '
+'tenant has. Empty when nothing matches.';
 
 CREATE OR REPLACE FUNCTION orch8.effect_commit_guards(
     p_tenant_id text, p_instance_id uuid, p_kind text
@@ -1160,3 +1200,74 @@ COMMENT ON VIEW orch8.unresolved_effects IS
 'no later attempt of the step completed and its branch was not given up. verification: the '
 'state of its verifier (pending, escalated, settled; NULL when none was scheduled), with '
 'tries used, tries in all and the next try. Oldest first: ORDER BY created_at.';
+
+COMMENT ON COLUMN orch8.unresolved_effects.tenant_id IS 'The receipt''s tenant.';
+
+COMMENT ON COLUMN orch8.unresolved_effects.effect_id IS 'The receipt (effect_receipts.id).';
+
+COMMENT ON COLUMN orch8.unresolved_effects.kind IS
+'The effect kind: http, model, message, storage, custom or worker.';
+
+COMMENT ON COLUMN orch8.unresolved_effects.state IS
+'unknown, dispatched (for longer than orch8.dispatched_alert_after, default 5 minutes), '
+'or committed or verified for a step whose compensation''s outcome is unknown.';
+
+COMMENT ON COLUMN orch8.unresolved_effects.age IS
+'How long ago the receipt was written: orch8.now() minus created_at.';
+
+COMMENT ON COLUMN orch8.unresolved_effects.state_since IS
+'When the receipt entered its current state (effect_receipts.updated_at).';
+
+COMMENT ON COLUMN orch8.unresolved_effects.instance_id IS
+'The instance whose step made the effect.';
+
+COMMENT ON COLUMN orch8.unresolved_effects.block_id IS 'The path of the step''s node.';
+
+COMMENT ON COLUMN orch8.unresolved_effects.attempt IS 'The step''s attempt, 0-based.';
+
+COMMENT ON COLUMN orch8.unresolved_effects.epoch IS 'The ledger scope''s ownership epoch.';
+
+COMMENT ON COLUMN orch8.unresolved_effects.continuity_id IS
+'The ledger scope the receipt belongs to.';
+
+COMMENT ON COLUMN orch8.unresolved_effects.handler IS 'The handler the step ran.';
+
+COMMENT ON COLUMN orch8.unresolved_effects.destination_fingerprint IS
+'Hex SHA-256 of where the effect went.';
+
+COMMENT ON COLUMN orch8.unresolved_effects.request_sha256 IS
+'Hex SHA-256 of the request''s content.';
+
+COMMENT ON COLUMN orch8.unresolved_effects.idempotency_key IS
+'The key sent to the provider: what to look the effect up by there.';
+
+COMMENT ON COLUMN orch8.unresolved_effects.provider_receipt_id IS
+'The provider''s own id for the effect; NULL when unknown.';
+
+COMMENT ON COLUMN orch8.unresolved_effects.error IS 'Why the outcome became unknown.';
+
+COMMENT ON COLUMN orch8.unresolved_effects.evidence IS 'The receipt''s evidence object.';
+
+COMMENT ON COLUMN orch8.unresolved_effects.created_at IS
+'When the receipt was written; the queue is read oldest first by it.';
+
+COMMENT ON COLUMN orch8.unresolved_effects.blocking IS
+'true when something waits on the receipt: its instance has not ended, no later attempt '
+'of the step completed and its branch was not given up. false rows are history to settle '
+'in bulk.';
+
+COMMENT ON COLUMN orch8.unresolved_effects.verification IS
+'The state of its verifier: pending, escalated or settled; NULL when none was scheduled.';
+
+COMMENT ON COLUMN orch8.unresolved_effects.verification_tries IS
+'Tries the verifier has used; NULL without a verifier.';
+
+COMMENT ON COLUMN orch8.unresolved_effects.verification_max_tries IS
+'Tries the verifier has in all (the length of its schedule); NULL without a verifier.';
+
+COMMENT ON COLUMN orch8.unresolved_effects.verification_next_at IS
+'When the verifier''s next try is due, while pending; NULL otherwise.';
+
+COMMENT ON COLUMN orch8.unresolved_effects.awaiting_compensation IS
+'For a committed or verified receipt listed because its compensation''s outcome is '
+'unknown: the path of that compensation node. NULL for the other rows.';

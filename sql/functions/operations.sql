@@ -44,6 +44,32 @@ COMMENT ON FUNCTION orch8.instance_state_of(text, uuid) IS
 'The state of an instance of the tenant (no lock); O8007 when there is none. Ledger rows '
 'are written only for instances that exist.';
 
+CREATE OR REPLACE FUNCTION orch8.record_instance_request(
+    p_tenant_id text,
+    p_instance_id uuid,
+    p_action text,
+    p_actor text,
+    p_reason text,
+    p_outcome text
+)
+RETURNS text
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    INSERT INTO orch8.instance_requests (
+        tenant_id, instance_id, action, actor, reason, outcome, api_key_id
+    ) VALUES (
+        p_tenant_id, p_instance_id, p_action, orch8.attributed_actor(p_actor), p_reason,
+        p_outcome, orch8.current_key_id()
+    );
+    RETURN p_outcome;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.record_instance_request(text, uuid, text, text, text, text) IS
+'Append an operator''s pause, cancel or resume to orch8.instance_requests (actor as '
+'attributed_actor records it, the sealed API key, the login) and return p_outcome.';
+
 CREATE OR REPLACE FUNCTION orch8.request_instance_state(
     p_tenant_id text,
     p_instance_id uuid,
@@ -57,6 +83,7 @@ AS $$
 DECLARE
     v_row orch8.task_instances := orch8.load_instance(p_tenant_id, p_instance_id);
     v_state orch8.instance_state;
+    v_action text := CASE p_target WHEN 'paused' THEN 'pause' WHEN 'cancelled' THEN 'cancel' END;
 BEGIN
     IF p_target NOT IN ('paused', 'cancelled') THEN
         RAISE EXCEPTION 'only paused or cancelled can be requested' USING ERRCODE = 'O8008';
@@ -69,7 +96,8 @@ BEGIN
                                              'limit', orch8.limit_of('note_bytes'))::text;
     END IF;
     IF v_row.state = p_target OR v_row.requested_state = p_target THEN
-        RETURN 'unchanged';
+        RETURN orch8.record_instance_request(p_tenant_id, p_instance_id, v_action, p_actor,
+                                             p_reason, 'unchanged');
     END IF;
     IF v_row.state <> 'running' AND NOT orch8.instance_can_transition(v_row.state, p_target) THEN
         RAISE EXCEPTION 'instance % is %, it cannot be %', p_instance_id, v_row.state, p_target
@@ -77,16 +105,21 @@ BEGIN
                   DETAIL = json_build_object('instance_id', p_instance_id,
                                              'current_state', v_row.state)::text;
     END IF;
-    UPDATE orch8.task_instances AS t SET requested_state = p_target, updated_at = orch8.now()
-    WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id;
-    v_row.requested_state := p_target;
+    -- who asked and why ride with the request, for the transition that applies it
+    UPDATE orch8.task_instances AS t
+    SET requested_state = p_target, requested_by = orch8.attributed_actor(p_actor),
+        requested_reason = p_reason, updated_at = orch8.now()
+    WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id
+    RETURNING t.* INTO v_row;
     IF p_target = 'cancelled' THEN
         -- everything not yet dispatched is withdrawn now; a step in flight finishes first
         PERFORM orch8.cancel_subtree(v_row, '', coalesce(p_reason, 'instance cancelled'));
         PERFORM orch8.instance_end(v_row, orch8.lock_node(p_tenant_id, p_instance_id, ''));
     END IF;
     v_state := orch8.sync_instance(p_tenant_id, p_instance_id, p_actor, p_reason);
-    RETURN CASE WHEN v_state = p_target THEN p_target::text ELSE 'requested' END;
+    RETURN orch8.record_instance_request(
+        p_tenant_id, p_instance_id, v_action, p_actor, p_reason,
+        CASE WHEN v_state = p_target THEN p_target::text ELSE 'requested' END);
 END
 $$;
 
@@ -99,7 +132,9 @@ COMMENT ON FUNCTION orch8.request_instance_state(
 'the root: child instances too) and starts the definition''s on_cancel blocks; the '
 'instance is cancelled when they and the steps in flight are done. '
 'From a final state: O8004 with DETAIL {instance_id, current_state}. A reason over '
-'note_bytes: O8008.';
+'note_bytes: O8008. Every call that does not raise is recorded in instance_requests; a '
+'pending request keeps its actor and reason (requested_by, requested_reason) for the '
+'transition that applies it.';
 
 CREATE OR REPLACE FUNCTION orch8.cancel_instance(
     p_tenant_id text, p_instance_id uuid, p_actor text, p_reason text DEFAULT NULL
@@ -128,7 +163,7 @@ COMMENT ON FUNCTION orch8.pause_instance(text, uuid, text, text) IS
 'Pause an instance (see request_instance_state): paused, requested or unchanged.';
 
 CREATE OR REPLACE FUNCTION orch8.resume_instance(
-    p_tenant_id text, p_instance_id uuid, p_actor text
+    p_tenant_id text, p_instance_id uuid, p_actor text, p_reason text DEFAULT NULL
 )
 RETURNS text
 LANGUAGE plpgsql
@@ -138,9 +173,20 @@ DECLARE
     v_row orch8.task_instances := orch8.load_instance(
         orch8.require_tenant(p_tenant_id), p_instance_id);
 BEGIN
+    IF octet_length(p_reason) > orch8.limit_of('note_bytes') THEN
+        RAISE EXCEPTION 'reason is % bytes, over the limit of % bytes',
+            octet_length(p_reason), orch8.limit_of('note_bytes')
+            USING ERRCODE = 'O8008',
+                  DETAIL = json_build_object('field', 'reason',
+                                             'limit', orch8.limit_of('note_bytes'))::text;
+    END IF;
     IF v_row.state = 'running' AND v_row.requested_state = 'paused' THEN
-        UPDATE orch8.task_instances AS t SET requested_state = NULL, updated_at = orch8.now()
+        UPDATE orch8.task_instances AS t
+        SET requested_state = NULL, requested_by = NULL, requested_reason = NULL,
+            updated_at = orch8.now()
         WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id;
+        PERFORM orch8.record_instance_request(p_tenant_id, p_instance_id, 'resume', p_actor,
+                                              p_reason, 'withdrawn');
         RETURN 'running';
     END IF;
     IF v_row.state <> 'paused' THEN
@@ -150,15 +196,19 @@ BEGIN
                                              'current_state', v_row.state)::text;
     END IF;
     PERFORM orch8.transition_instance(p_tenant_id, p_instance_id, 'paused', 'scheduled',
-                                      p_actor, 'resumed');
-    RETURN orch8.sync_instance(p_tenant_id, p_instance_id, p_actor, 'resumed')::text;
+                                      p_actor, coalesce(p_reason, 'resumed'));
+    RETURN orch8.record_instance_request(
+        p_tenant_id, p_instance_id, 'resume', p_actor, p_reason,
+        orch8.sync_instance(p_tenant_id, p_instance_id, p_actor,
+                            coalesce(p_reason, 'resumed'))::text);
 END
 $$;
 
-COMMENT ON FUNCTION orch8.resume_instance(text, uuid, text) IS
+COMMENT ON FUNCTION orch8.resume_instance(text, uuid, text, text) IS
 'Resume a paused instance (scheduled now, or waiting, or failed, as its tree says: the '
-'state is returned), or withdraw a pause still pending on a running one. Any other '
-'state: O8004.';
+'state is returned; the transition''s reason is p_reason, else resumed), or withdraw a '
+'pause still pending on a running one (running). Recorded in instance_requests (outcome: '
+'the state, or withdrawn). Any other state: O8004; a reason over note_bytes: O8008.';
 
 CREATE OR REPLACE FUNCTION orch8.blocks_reading_output(p_definition jsonb, p_block_id text)
 RETURNS text[]

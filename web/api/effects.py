@@ -21,6 +21,7 @@ from .models.effects import (
     EffectPath,
     EffectReceipt,
     EffectReceiptList,
+    FindQuery,
     ResolveRequest,
     UnresolvedEffectList,
     UnresolvedQuery,
@@ -102,6 +103,19 @@ def unresolved(query: UnresolvedQuery) -> UnresolvedEffectList:
         )
     items = [_aged(row) for row in rows]
     return UnresolvedEffectList.model_validate({"items": items})
+
+
+@bp.get("/effects/find")
+@operation(
+    roles=OPERATOR, ok={200: EffectReceiptList}, errors=READ, tag=TAG, operation_id="findEffects"
+)
+def find(query: FindQuery) -> EffectReceiptList:
+    """The receipts a key points at, oldest first: the receipt of that id, those sent with
+    it as idempotency key, and those the provider answered with it as receipt id (what a
+    provider's dashboard shows). Empty when none."""
+    with tenant_tx() as conn:
+        rows = sqlapi.effects.find_receipts(conn, tenant_id=g.tenant, key=query.key)
+    return EffectReceiptList.model_validate({"items": rows})
 
 
 @bp.get("/effects/<effect_id>")

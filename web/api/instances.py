@@ -15,7 +15,6 @@ from ..auth import OPERATOR
 from ..db import tenant_tx
 from ..problems import Problem
 from .cursors import encode_cursor
-from .models.base import NoBody
 from .models.instances import (
     AnswerInput,
     InputAnswered,
@@ -28,6 +27,7 @@ from .models.instances import (
     InstanceMove,
     InstancePage,
     InstancePath,
+    OperatorRequestList,
     OutputList,
     Reason,
     RetryRequest,
@@ -230,6 +230,25 @@ def audit(path: InstancePath) -> TransitionList:
     return TransitionList.model_validate({"items": rows})
 
 
+@bp.get("/instances/<instance_id>/requests")
+@operation(
+    roles=OPERATOR,
+    ok={200: OperatorRequestList},
+    errors=READ,
+    tag=TAG,
+    operation_id="listInstanceRequests",
+)
+def requests(path: InstancePath) -> OperatorRequestList:
+    """The pauses, cancels and resumes asked of the instance (orch8.instance_requests):
+    who asked, why, and what each answered, in order"""
+    with tenant_tx() as conn:
+        exists(conn, path.instance_id)
+        rows = sqlapi.instances.instance_requests(
+            conn, tenant_id=g.tenant, instance_id=path.instance_id
+        )
+    return OperatorRequestList.model_validate({"items": rows})
+
+
 @bp.get("/instances/<instance_id>/signals")
 @operation(
     roles=OPERATOR, ok={200: SignalList}, errors=READ, tag=TAG, operation_id="listInstanceSignals"
@@ -380,11 +399,15 @@ def pause(path: InstancePath, json: Reason) -> InstanceMove:
 @operation(
     roles=OPERATOR, ok={200: InstanceMove}, errors=WRITE, tag=TAG, operation_id="resumeInstance"
 )
-def resume(path: InstancePath, json: NoBody) -> InstanceMove:
+def resume(path: InstancePath, json: Reason) -> InstanceMove:
     """Resume (orch8.resume_instance), or withdraw a pending pause"""
     with tenant_tx() as conn:
         outcome = sqlapi.instances.resume_instance(
-            conn, tenant_id=g.tenant, instance_id=path.instance_id, actor=g.actor
+            conn,
+            tenant_id=g.tenant,
+            instance_id=path.instance_id,
+            actor=g.actor,
+            reason=json.reason,
         )
         return InstanceMove.model_validate(_moved(conn, path.instance_id, outcome))
 

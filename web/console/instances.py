@@ -105,6 +105,9 @@ def instance(instance_id: uuid.UUID) -> ResponseReturnValue:
         transitions = sqlapi.instances.instance_audit(
             conn, tenant_id=g.tenant, instance_id=instance_id
         )
+        requests = sqlapi.instances.instance_requests(
+            conn, tenant_id=g.tenant, instance_id=instance_id
+        )
         blocking = [r for r in receipts if r["state"] in ("unknown", "dispatched")]
         return page(
             "instance.html",
@@ -115,6 +118,7 @@ def instance(instance_id: uuid.UUID) -> ResponseReturnValue:
             receipts=receipts,
             events=events,
             transitions=transitions,
+            requests=requests,
             blocking=blocking,
             # failed, or a node waits on a person: blocked (its branch stopped while others
             # run), or waiting on a verifier for a receipt settled by hand meanwhile
@@ -160,7 +164,8 @@ def cancel(instance_id: uuid.UUID) -> ResponseReturnValue:
                 tenant_id=g.tenant,
                 instance_id=instance_id,
                 actor=g.actor,
-                reason="cancelled from the console",
+                reason=request.form.get("reason", "").strip()[:1000]
+                or "cancelled from the console",
             )
     except errors.NotFound:
         abort(404)

@@ -19,6 +19,7 @@ from ..fields import (
     Duration,
     EffectKind,
     EffectState,
+    IdempotencyKey,
     InstanceState,
     Int64,
     JsonObject,
@@ -226,6 +227,13 @@ class UnresolvedQuery(Query):
         "true: only receipts an instance waits on; false: only superseded ones"
     )
     limit: Limit = 50
+
+
+class FindQuery(Query):
+    key: IdempotencyKey = Field(
+        description="a receipt id, an idempotency key a step was sent with, or a receipt "
+        "id a provider answered with",
+    )
 
 
 class VerifyRequest(Body):

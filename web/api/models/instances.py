@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -188,6 +188,25 @@ class Transition(Answer):
 
 class TransitionList(Answer):
     items: list[Transition]
+
+
+class OperatorRequest(Answer):
+    seq: Int64
+    action: Literal["pause", "cancel", "resume"]
+    actor: str = Field(description="who asked (an API key appears as key:<name>)")
+    reason: str | None
+    outcome: str = Field(
+        description="what the call answered: the new state, requested (applied at the step "
+        "in flight's boundary), unchanged, or withdrawn (a resume that withdrew a pending "
+        "pause)"
+    )
+    at: dt.datetime
+    db_user: str = Field(description="the PostgreSQL login that asked")
+    api_key_id: uuid.UUID | None = Field(description="the API key it was asked with, if any")
+
+
+class OperatorRequestList(Answer):
+    items: list[OperatorRequest]
 
 
 class Signal(Answer):
