@@ -133,12 +133,20 @@ def run_scenario(
     concurrency: int,
     poll_interval: float = 0.05,
     progress: bool = True,
+    existing: tuple[str, str] | None = None,
 ) -> dict:
-    dbname, url, seq = create_bench_database(admin_url, "orch8_bench", steps)
+    """One orch8 run on a fresh database, or on ``existing`` (url, sequence id), which it
+    keeps: bench/history.py runs there beside a history of finished instances, which is
+    why progress and latencies count only the instances this run created."""
+    if existing is None:
+        dbname, url, seq = create_bench_database(admin_url, "orch8_bench", steps)
+    else:
+        dbname, (url, seq) = None, existing
     try:
         with psycopg.connect(url, autocommit=True) as conn:
             if progress:
                 print(f"  {name}: creating {n} instances ...", flush=True)
+            since = sqlapi.benchmarks.server_now(conn)
             t_setup = time.perf_counter()
             sqlapi.instances.create_instances(conn, tenant_id=TENANT, sequence_id=seq, count=n)
             setup_s = time.perf_counter() - t_setup
@@ -153,7 +161,7 @@ def run_scenario(
             progressed = time.monotonic()
             while done < n:
                 time.sleep(0.1)
-                counts = sqlapi.observe.completion_counts(conn)
+                counts = sqlapi.benchmarks.run_counts(conn, tenant_id=TENANT, since=since)
                 if counts["completed"] > done:
                     progressed = time.monotonic()
                 done, failed = counts["completed"], counts["failed"]
@@ -174,7 +182,7 @@ def run_scenario(
             after = sqlapi.benchmarks.counters(conn)
             if progress:
                 print(flush=True)
-            latencies = sqlapi.observe.run_latencies(conn)
+            latencies = sqlapi.benchmarks.run_latencies(conn, tenant_id=TENANT, since=since)
             wal = (
                 sqlapi.benchmarks.database_wal(conn, start=before.wal_bytes, end=wal_end)
                 if own_wal
@@ -205,7 +213,8 @@ def run_scenario(
                 "concurrency": concurrency,
             }
     finally:
-        pgserver.drop(admin_url, dbname)
+        if dbname is not None:
+            pgserver.drop(admin_url, dbname)
 
 
 def claim_rate(admin_url: str, n: int, clients: int = 4, batch: int = 256) -> dict:
@@ -427,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-dbos", action="store_true", help="orch8 only")
     p.add_argument("--results", default=str(RESULTS), help=f"where to write (default {RESULTS})")
     p.add_argument("--one-run", action="store_true", help=argparse.SUPPRESS)
+    # --one-run in a database that exists (bench/history.py): its url and the sequence id
+    p.add_argument("--existing", nargs=2, metavar=("URL", "SEQUENCE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     url = os.environ.get("ORCH8_DATABASE_URL") or os.environ.get("ORCH8_TEST_DATABASE_URL")
     if not url:
@@ -441,7 +452,14 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--one-run takes one --scenario and one --instances")
         name = scenarios[0]
         result = run_scenario(
-            url, name, SCENARIOS[name], sizes[0], args.concurrency, args.poll_interval, False
+            url,
+            name,
+            SCENARIOS[name],
+            sizes[0],
+            args.concurrency,
+            args.poll_interval,
+            False,
+            existing=tuple(args.existing) if args.existing else None,
         )
         print(json.dumps(result), flush=True)
         return 0

@@ -80,6 +80,9 @@ RECHECK_WINDOW = 30.0
 RECENT_EFFECTS_KEPT = 10_000
 DEFAULT_STEP_TIMEOUT = 300.0
 CONNECTION_ERRORS = db.CONNECTION_LOST
+# How long a token must be missing from the heartbeats before it counts as lost (the
+# heartbeat interval when that is longer): a finished step's answer in transit is not.
+LOST_AFTER = 1.0
 # a call of a group-committed batch undone by these is simply sent again
 RETRY_IN_BATCH = ("40P01", "40001")  # deadlock detected, serialization failure
 T = TypeVar("T")
@@ -153,6 +156,8 @@ class Runner:
             maxlen=RECENT_EFFECTS_KEPT
         )
         self.inflight: dict[uuid.UUID, Claimed] = {}  # lease token -> claimed instance
+        # tokens the heartbeats have not found since (monotonic time of the first miss)
+        self.missing_since: dict[uuid.UUID, float] = {}
         self.lock = threading.Lock()
         self.definitions: dict[tuple[str, uuid.UUID], StoredSequence] = {}
         self.builtins: dict[str, bool] | None = None  # builtin name -> has side effects
@@ -479,9 +484,19 @@ class Runner:
                 continue
             with self.lock:
                 # an instance that completed or was handed back meanwhile is not lost
-                lost = [t for t in tokens if t not in held and t in self.inflight]
-            for token in lost:
+                missing = {t for t in tokens if t not in held and t in self.inflight}
+            # A step's finish may have committed (its token gone) while its answer is still
+            # on the way to the worker, which then drops the token: only a token missing
+            # from every heartbeat for LOST_AFTER seconds (at least two heartbeats), still in
+            # flight, was lost. Two heartbeats alone were not enough at a 10 ms interval
+            # on a busy machine, where an answer can take longer than that to arrive.
+            now = time.monotonic()
+            since = {t: self.missing_since.get(t, now) for t in missing}
+            wait = max(self.settings.heartbeat, LOST_AFTER)
+            for token in sorted(t for t, first in since.items() if 0 <= first < now - wait):
                 log.warning("event=runner.lease_lost token=%s", token)
+                since[token] = -1.0  # reported: once is enough
+            self.missing_since = since
 
     # --- one chain of nodes ---------------------------------------------------------
 

@@ -4,9 +4,10 @@
 --              + instance.bytes + block.encode('utf-8') + attempt.to_bytes(4, 'big'))
 --   b = bytearray(d[:16]); b[6] = (b[6] & 0x0f) | 0x80; b[8] = (b[8] & 0x3f) | 0x80
 --   uuid.UUID(bytes=bytes(b))
--- and for scope ids: sha256(prefix.encode() + b'\x00' + instance.bytes), same fix-up.
+-- and for scope ids: instance.bytes[:6] + sha256(prefix.encode() + b'\x00' +
+-- instance.bytes)[6:], same fix-up (tests/effect_rules.py).
 BEGIN;
-SELECT plan(24);
+SELECT plan(30);
 -- the instances the vectors name (a receipt needs a real instance)
 SELECT
     tap.instances(
@@ -119,25 +120,25 @@ SELECT throws_ok(
 
 SELECT is(
     orch8.effect_scope_id('orch8-effect-scope-v1', '00000000-0000-0000-0000-0000000000a1'),
-    '511c3cff-6ba1-8ff6-aee8-afd472664eaf'::uuid,
+    '00000000-0000-8ff6-aee8-afd472664eaf'::uuid,
     'continuity id vector for instance a1'
 );
 
 SELECT is(
     orch8.effect_scope_id('orch8-effect-scope-v1', '00000000-0000-0000-0000-0000000000a2'),
-    '58c4df1b-dfd3-886a-9ed2-1e101f2f3965'::uuid,
+    '00000000-0000-886a-9ed2-1e101f2f3965'::uuid,
     'continuity id vector for instance a2'
 );
 
 SELECT is(
     orch8.effect_scope_id('orch8-effect-runtime-v1', '00000000-0000-0000-0000-0000000000a1'),
-    '9d34e355-b459-8428-8783-d4e389bceaed'::uuid,
+    '00000000-0000-8428-8783-d4e389bceaed'::uuid,
     'owner runtime id vector for instance a1'
 );
 
 SELECT is(
     orch8.effect_scope_id('orch8-effect-runtime-v1', '00000000-0000-0000-0000-0000000000a2'),
-    '5da57903-f65c-8ea0-a71e-5d05a716f2e6'::uuid,
+    '00000000-0000-8ea0-a71e-5d05a716f2e6'::uuid,
     'owner runtime id vector for instance a2'
 );
 
@@ -146,8 +147,8 @@ SELECT is(
 SELECT results_eq(
     $$SELECT tenant_id, continuity_id, epoch, owner_runtime_id, current_instance_id, state
       FROM orch8.ensure_effect_scope('t1', '00000000-0000-0000-0000-0000000000a1')$$,
-    $$VALUES ('t1', '511c3cff-6ba1-8ff6-aee8-afd472664eaf'::uuid, 0::bigint,
-              '9d34e355-b459-8428-8783-d4e389bceaed'::uuid,
+    $$VALUES ('t1', '00000000-0000-8ff6-aee8-afd472664eaf'::uuid, 0::bigint,
+              '00000000-0000-8428-8783-d4e389bceaed'::uuid,
               '00000000-0000-0000-0000-0000000000a1'::uuid, 'owned')$$,
     'ensure_effect_scope creates the scope with the derived ids, epoch 0, owned'
 );
@@ -155,8 +156,8 @@ SELECT results_eq(
 SELECT results_eq(
     $$SELECT continuity_id, owner_runtime_id, epoch
       FROM orch8.ensure_effect_scope('t1', '00000000-0000-0000-0000-0000000000a1')$$,
-    $$VALUES ('511c3cff-6ba1-8ff6-aee8-afd472664eaf'::uuid,
-              '9d34e355-b459-8428-8783-d4e389bceaed'::uuid, 0::bigint)$$,
+    $$VALUES ('00000000-0000-8ff6-aee8-afd472664eaf'::uuid,
+              '00000000-0000-8428-8783-d4e389bceaed'::uuid, 0::bigint)$$,
     'a second ensure_effect_scope returns the same scope'
 );
 
@@ -171,7 +172,7 @@ SELECT is(
 
 SELECT is(
     (orch8.ensure_effect_scope('t1', '00000000-0000-0000-0000-0000000000a2')).continuity_id,
-    '58c4df1b-dfd3-886a-9ed2-1e101f2f3965'::uuid,
+    '00000000-0000-886a-9ed2-1e101f2f3965'::uuid,
     'another instance gets its own derived continuity id'
 );
 
@@ -204,6 +205,57 @@ SELECT throws_ok(
     'O8008', NULL,
     'ensure_effect_scope refuses a NULL instance (O8008)'
 );
+
+-- a time-ordered instance id leads its scope ids with its time
+SELECT is(
+    orch8.effect_scope_id('orch8-effect-scope-v1', '0193a4b5-c6d7-7e8f-9a0b-1c2d3e4f5a6b'),
+    '0193a4b5-c6d7-8966-ad5d-25f0c6fa2b93'::uuid,
+    'continuity id vector for a time-ordered instance id: its first six bytes lead'
+);
+
+SELECT is(
+    orch8.effect_scope_id('orch8-effect-runtime-v1', '0193a4b5-c6d7-7e8f-9a0b-1c2d3e4f5a6b'),
+    '0193a4b5-c6d7-85c4-b064-9a7fbf829d29'::uuid,
+    'owner runtime id vector for a time-ordered instance id'
+);
+
+-- time_ordered_uuid: version 7, the RFC variant, orch8.now()'s milliseconds first
+SELECT set_config('orch8.fake_now', '2030-01-02 03:04:05.678+00', true);
+
+SELECT is(
+    substring(orch8.time_ordered_uuid()::text FROM 1 FOR 13),
+    (
+        SELECT
+            substring(lpad(to_hex(1893553445678::bigint), 12, '0') FROM 1 FOR 8) || '-'
+            || substring(lpad(to_hex(1893553445678::bigint), 12, '0') FROM 9 FOR 4)
+    ),
+    'time_ordered_uuid begins with the Unix milliseconds of orch8.now()'
+);
+
+SELECT ok(
+    (SELECT
+        bool_and(
+            substring(u::text FROM 15 FOR 1) = '7'
+            AND substring(u::text FROM 20 FOR 1) IN ('8', '9', 'a', 'b')
+        )
+    FROM (SELECT orch8.time_ordered_uuid() AS u FROM generate_series(1, 200)) AS g),
+    'time_ordered_uuid is version 7 with the RFC variant'
+);
+
+SELECT is(
+    (SELECT count(DISTINCT orch8.time_ordered_uuid()) FROM generate_series(1, 1000)),
+    1000::bigint,
+    'time_ordered_uuid: 1,000 ids in one millisecond are all different (74 random bits)'
+);
+
+SELECT set_config('orch8.fake_now', '2030-01-02 03:04:05.679+00', true);
+
+SELECT ok(
+    orch8.time_ordered_uuid() > '01b8e094-9b2e-7fff-bfff-ffffffffffff'::uuid,
+    'an id of a later millisecond sorts after every id of an earlier one'
+);
+
+SELECT set_config('orch8.fake_now', '', true);
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -8,7 +8,7 @@
 -- forward (one second in section 3, thirty more in section 6); each instance is run to its end
 -- before the next starts, so every claim takes only its nodes.
 BEGIN;
-SELECT plan(119);
+SELECT plan(122);
 SELECT set_config('orch8.fake_now', '2030-01-01 00:00:00+00', true);
 
 -- Fixtures: tap.* (sql_tests/fixtures/tree.sql), in tenant hand
@@ -665,7 +665,7 @@ SELECT results_eq(
 SELECT tap.new('z1', 'two');
 SELECT FROM tap.claim();
 SELECT is(
-    orch8.pause_instance('hand', tap.id('z1'), 'tap'), 'requested',
+    orch8.pause_instance('hand', tap.id('z1'), 'alice', 'fraud check'), 'requested',
     'pause_instance while a node is leased: requested'
 );
 SELECT results_eq(
@@ -673,6 +673,12 @@ SELECT results_eq(
       WHERE t.id = tap.id('z1')$$,
     $$VALUES ('running', 'paused')$$,
     'pause_instance: the instance runs on, the pause asked for'
+);
+SELECT results_eq(
+    $$SELECT t.requested_by, t.requested_reason FROM orch8.task_instances AS t
+      WHERE t.id = tap.id('z1')$$,
+    $$VALUES ('alice', 'fraud check')$$,
+    'the pending pause keeps who asked and why'
 );
 SELECT results_eq(
     $$SELECT * FROM tap.finish('z1', 'a', 'ok', '1')$$,
@@ -683,8 +689,21 @@ SELECT results_eq(
     $$SELECT (tap.node('z1', 'b')).state::text, (tap.node('z1', 'b')).lease_token,
              (SELECT a.actor || ': ' || a.reason FROM orch8.instance_transitions AS a
               WHERE a.instance_id = tap.id('z1') AND a.to_state = 'paused')$$,
-    $$VALUES ('ready', NULL::uuid, 'operator: requested while running')$$,
-    'pause: the next step waits ready and unleased; the pause is the operator''s move'
+    $$VALUES ('ready', NULL::uuid, 'alice: fraud check')$$,
+    'pause: the next step waits ready and unleased; the pause is the move of the operator '
+    || 'who asked, with their reason'
+);
+SELECT results_eq(
+    $$SELECT action, actor, reason, outcome FROM orch8.instance_requests
+      WHERE instance_id = tap.id('z1') ORDER BY seq$$,
+    $$VALUES ('pause', 'alice', 'fraud check', 'requested')$$,
+    'the request itself is on record, with what it answered'
+);
+SELECT results_eq(
+    $$SELECT t.requested_state::text, t.requested_by, t.requested_reason
+      FROM orch8.task_instances AS t WHERE t.id = tap.id('z1')$$,
+    $$VALUES (NULL::text, NULL::text, NULL::text)$$,
+    'applied: the request and its actor and reason are cleared'
 );
 SELECT is(
     (SELECT count(*)::integer FROM tap.claim()), 0,

@@ -116,7 +116,7 @@ SELECT is(
         SELECT p.proconfig FROM pg_proc AS p
         WHERE p.oid = 'orch8.claim_due_nodes(text, integer, interval)'::regprocedure
     ),
-    ARRAY['enable_sort=off', 'enable_hashjoin=off'],
+    ARRAY['enable_sort=off', 'enable_hashjoin=off', 'jit=off'],
     'claim_due_nodes plans for a batch whatever the statistics say'
 );
 

@@ -34,7 +34,9 @@ def deterministic_effect_id(
 
 
 def scope_id(prefix: str, instance_id: uuid.UUID) -> uuid.UUID:
-    return uuid_from_digest(hashlib.sha256(prefix.encode() + b"\x00" + instance_id.bytes).digest())
+    # the instance id's first six bytes (its time, for a time-ordered id), then the hash's
+    digest = hashlib.sha256(prefix.encode() + b"\x00" + instance_id.bytes).digest()
+    return uuid_from_digest(instance_id.bytes[:6] + digest[6:])
 
 
 def continuity_id_for(instance_id: uuid.UUID) -> uuid.UUID:

@@ -1,7 +1,8 @@
 """plpgsql_check over every PL/pgSQL function of schema orch8 on a fresh migrated
 database: errors and warnings (extra warnings included) fail the run.
 
-Trigger functions are checked against each table they are attached to. When the
+Trigger functions are checked against each table they are attached to, with the
+transition tables their trigger names. When the
 extension is missing the check is skipped with a loud reason, except when CI=true,
 where that is a failure (Debian: postgresql-15-plpgsql-check).
 """
@@ -17,11 +18,12 @@ from tests.run_pgtap import skip_or_fail
 
 CHECK = """
 WITH targets AS (
-    SELECT p.oid, 0::oid AS relid FROM pg_proc AS p
+    SELECT p.oid, 0::oid AS relid, NULL::name AS oldtable, NULL::name AS newtable
+    FROM pg_proc AS p
     JOIN pg_language AS l ON l.oid = p.prolang AND l.lanname = 'plpgsql'
     WHERE p.pronamespace = 'orch8'::regnamespace AND p.prorettype <> 'trigger'::regtype
     UNION
-    SELECT t.tgfoid, t.tgrelid FROM pg_trigger AS t
+    SELECT t.tgfoid, t.tgrelid, t.tgoldtable, t.tgnewtable FROM pg_trigger AS t
     JOIN pg_proc AS p ON p.oid = t.tgfoid
     JOIN pg_language AS l ON l.oid = p.prolang AND l.lanname = 'plpgsql'
     WHERE p.pronamespace = 'orch8'::regnamespace AND NOT t.tgisinternal
@@ -30,7 +32,8 @@ SELECT t.oid::regprocedure::text AS fn, nullif(t.relid, 0)::regclass::text AS re
        c.lineno, c.level, c.sqlstate, c.message, c.detail
 FROM targets AS t
 CROSS JOIN LATERAL plpgsql_check_function_tb(
-    t.oid, t.relid, extra_warnings => true, performance_warnings => false
+    t.oid, t.relid, extra_warnings => true, performance_warnings => false,
+    oldtable => t.oldtable, newtable => t.newtable
 ) AS c
 ORDER BY 1, 2, 3
 """

@@ -11,7 +11,10 @@ import os
 import subprocess
 import sys
 
+import psycopg
 import pytest
+
+from tests import pgserver
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -71,3 +74,102 @@ def test_the_bench_runs_dbos_beside_orch8(tmp_path, admin_url):
     engines = [r["engine"] for r in result["runs"]]
     assert engines == ["orch8", "dbos"]
     assert all(r["steps"] == 120 for r in result["runs"])
+
+
+def test_the_history_bench_copies_whole_instances(tmp_path, admin_url):
+    """bench/history.py in miniature: the history it builds holds whole finished
+    instances (every row a real run leaves, nothing dangling), and it runs the scenario
+    beside it and on an empty database."""
+    env = {**os.environ, "ORCH8_DATABASE_URL": admin_url}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.history",
+            "--history",
+            "3000",
+            "--sample",
+            "100",
+            "--instances",
+            "100",
+            "--pairs",
+            "1",
+            "--keep",
+            "--results",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    [name] = [w.split(":")[0] for w in done.stdout.split("kept ")[1:]]
+    [result] = [p for p in tmp_path.iterdir() if p.suffix == ".json"]
+    result = json.loads(result.read_text())
+    assert result["history"]["instances"] == 3000
+    assert [len(result["runs"][side]) for side in ("empty", "history")] == [1, 1]
+    url = admin_url.rsplit("/", 1)[0] + "/" + name
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            counts = dict(
+                conn.execute(
+                    "SELECT 'instances', count(*) FROM orch8.task_instances"
+                    " UNION ALL SELECT 'completed', count(*) FROM orch8.task_instances"
+                    "  WHERE state = 'completed'"
+                    " UNION ALL SELECT 'receipts', count(*) FROM orch8.effect_receipts"
+                    "  WHERE state = 'committed'"
+                    " UNION ALL SELECT 'events', count(*) FROM orch8.effect_receipt_events"
+                    " UNION ALL SELECT 'scopes', count(*) FROM orch8.continuity_executions"
+                    " UNION ALL SELECT 'dangling', count(*) FROM orch8.effect_receipts AS r"
+                    "  WHERE NOT EXISTS (SELECT 1 FROM orch8.task_instances AS i"
+                    "   WHERE i.tenant_id = r.tenant_id AND i.id = r.instance_id)"
+                    "  OR NOT EXISTS (SELECT 1 FROM orch8.continuity_executions AS c"
+                    "   WHERE c.tenant_id = r.tenant_id AND c.continuity_id = r.continuity_id"
+                    "   AND c.current_instance_id = r.instance_id)"
+                    "  OR NOT EXISTS (SELECT 1 FROM orch8.block_outputs AS o"
+                    "   WHERE o.tenant_id = r.tenant_id AND o.effect_id = r.id"
+                    "   AND o.instance_id = r.instance_id)"
+                    "  OR (SELECT count(*) FROM orch8.effect_receipt_events AS e"
+                    "   WHERE e.tenant_id = r.tenant_id AND e.receipt_id = r.id) <> 4"
+                ).fetchall()
+            )
+    finally:
+        pgserver.drop(admin_url, name)
+    # the history's 3,000 and the measured run's 100, all finished, one receipt each
+    assert counts["instances"] == counts["completed"] == 3100
+    assert counts["receipts"] == counts["scopes"] == 3100
+    assert counts["events"] == 4 * 3100
+    assert counts["dangling"] == 0
+
+
+def test_the_profile_counts_each_function_per_step(admin_url):
+    """bench/profile.py: a real run with track_functions on, per step: begin_step and
+    finish_step once each for a guarded one-step instance."""
+    env = {**os.environ, "ORCH8_DATABASE_URL": admin_url}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.profile",
+            "--scenario",
+            "1-step effect",
+            "--instances",
+            "40",
+            "--top",
+            "200",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    calls = {
+        line.split()[0]: float(line.split()[1])
+        for line in done.stdout.splitlines()
+        if line.split() and line.split()[0] in ("begin_step", "finish_step")
+    }
+    assert calls == {"begin_step": 1.0, "finish_step": 1.0}, done.stdout

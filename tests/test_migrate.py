@@ -135,3 +135,45 @@ def test_status_command(empty_db_url):
     assert run_orch8("db", "migrate", env=env).returncode == 0
     proc = run_orch8("db", "status", env=env)
     assert proc.returncode == 0, proc.stdout
+
+
+def test_receipt_lookup_migration_indexes_the_provider_ids_already_there(empty_db_url):
+    """0024 on a database that already settled receipts: the provider ids no receipt
+    index finds get their receipt_provider_ids rows, so find_receipts finds old receipts
+    as well as new ones."""
+    every = migrate.discover()
+    # triggers.sql holds today's trigger bodies, which write receipt_provider_ids; before
+    # 0024 the triggers were the bodies the versioned migrations left, so leave it out.
+    before = [
+        m for m in every if m.name != "triggers.sql" and (m.version is None or m.version < 24)
+    ]
+    with psycopg.connect(empty_db_url, autocommit=True) as c:
+        migrate.migrate(c, migrations=before)
+        seq = c.execute(
+            "SELECT id FROM orch8.create_sequence('t1', 'default', 'pay',"
+            ' \'{"blocks": [{"type": "step", "id": "a", "handler": "noop"}]}\')'
+        ).fetchone()[0]
+        inst = c.execute("SELECT id FROM orch8.create_instance('t1', %s, '{}')", (seq,)).fetchone()[
+            0
+        ]
+        ids = [
+            c.execute(
+                "SELECT (orch8.begin_effect('t1', %s, %s, 'http_request',"
+                ' \'{"url": "https://x.example"}\', 0)).effect_id',
+                (inst, block),
+            ).fetchone()[0]
+            for block in ("charged", "plain")
+        ]
+        c.execute("SELECT orch8.commit_effect('t1', %s, '{\"receipt_id\": \"ch_9\"}')", (ids[0],))
+        c.execute(
+            "SELECT orch8.commit_effect('t1', %s, jsonb_build_object('receipt_id', %s::text))",
+            (ids[1], ids[1]),
+        )
+        applied = [m.name for m in migrate.migrate(c)]
+        assert applied[0] == "0024_receipt_lookup.sql"
+        assert c.execute(
+            "SELECT provider_receipt_id, receipt_id FROM orch8.receipt_provider_ids"
+        ).fetchall() == [("ch_9", ids[0])]
+        assert c.execute("SELECT id FROM orch8.find_receipts('t1', 'ch_9')").fetchall() == [
+            (ids[0],)
+        ]

@@ -167,7 +167,7 @@ def dbos_status_counts(conn: Conn, *, schema: str = "dbos") -> dict[str, int]:
 
 def dbos_run_latencies(conn: Conn, *, schema: str = "dbos") -> list[float]:
     """Seconds from dequeue to completion per successful DBOS workflow: the counterpart of
-    observe.run_latencies (first claim to completion). updated_at stands in for a missing
+    run_latencies (first claim to completion). updated_at stands in for a missing
     completed_at."""
     return [
         float(r["seconds"])
@@ -182,3 +182,224 @@ def dbos_run_latencies(conn: Conn, *, schema: str = "dbos") -> list[float]:
             .as_string(conn),
         )
     ]
+
+
+# History for the "flat as history grows" measurement (bench/history.py): what a finished
+# instance leaves behind, copied. Each table's column that names an instance, a continuity
+# or a receipt takes the copy's new id; every timestamp moves back by the copy's offset,
+# so the history spreads over the past as a real one would.
+HISTORY_TABLES = {
+    "task_instances": {"id": "i.new_id"},
+    "execution_nodes": {"instance_id": "i.new_id"},
+    "instance_transitions": {"instance_id": "i.new_id"},
+    "block_outputs": {"instance_id": "i.new_id", "effect_id": "r.new_id"},
+    "continuity_executions": {"continuity_id": "c.new_id", "current_instance_id": "i.new_id"},
+    "effect_receipts": {
+        "id": "r.new_id",
+        "continuity_id": "c.new_id",
+        "instance_id": "i.new_id",
+        "idempotency_key": "r.new_id::text",
+        "provider_receipt_id": "r.new_id::text",
+    },
+    "effect_receipt_events": {"receipt_id": "r.new_id"},
+}
+
+# how each table's rows find their copy's instance (i), continuity (c) and receipt (r)
+_HISTORY_JOINS = {
+    "task_instances": "JOIN hist_i AS i ON i.old_id = t.id",
+    "execution_nodes": "JOIN hist_i AS i ON i.old_id = t.instance_id",
+    "instance_transitions": "JOIN hist_i AS i ON i.old_id = t.instance_id",
+    "block_outputs": "JOIN hist_i AS i ON i.old_id = t.instance_id"
+    " LEFT JOIN hist_r AS r ON r.old_id = t.effect_id AND r.k = i.k",
+    "continuity_executions": "JOIN hist_i AS i ON i.old_id = t.current_instance_id"
+    " JOIN hist_c AS c ON c.old_id = t.continuity_id AND c.k = i.k",
+    "effect_receipts": "JOIN hist_r AS r ON r.old_id = t.id"
+    " JOIN hist_i AS i ON i.old_id = t.instance_id AND i.k = r.k"
+    " JOIN hist_c AS c ON c.old_id = t.continuity_id AND c.k = r.k",
+    "effect_receipt_events": "JOIN hist_r AS r ON r.old_id = t.receipt_id",
+}
+
+
+# each table's sample: its rows whose column names a row of an earlier table's sample
+_HISTORY_SOURCES = {
+    "execution_nodes": ("instance_id", "task_instances", "id"),
+    "instance_transitions": ("instance_id", "task_instances", "id"),
+    "block_outputs": ("instance_id", "task_instances", "id"),
+    "continuity_executions": ("current_instance_id", "task_instances", "id"),
+    "effect_receipts": ("instance_id", "task_instances", "id"),
+    "effect_receipt_events": ("receipt_id", "effect_receipts", "id"),
+}
+
+
+def history_sample(conn: Conn, *, tenant_id: str) -> int:
+    """Copy the tenant's finished instances and every row they left into this session's
+    temporary tables (hist_src_<table>), the sample fill_history copies; their count."""
+    conn.execute(
+        "CREATE TEMP TABLE hist_src_task_instances AS SELECT * FROM orch8.task_instances"
+        " WHERE tenant_id = %(t)s AND state IN ('completed', 'failed', 'cancelled')",
+        {"t": tenant_id},
+    )
+    for table, (column, source, key) in _HISTORY_SOURCES.items():
+        conn.execute(
+            sql.SQL(
+                "CREATE TEMP TABLE {} AS SELECT * FROM orch8.{} WHERE tenant_id = %(t)s"
+                " AND {} IN (SELECT {} FROM {})"
+            ).format(
+                sql.Identifier(f"hist_src_{table}"),
+                sql.Identifier(table),
+                sql.Identifier(column),
+                sql.Identifier(key),
+                sql.Identifier(f"hist_src_{source}"),
+            ),
+            {"t": tenant_id},
+        )
+    n: int = value(conn, "SELECT count(*) FROM hist_src_task_instances")
+    return n
+
+
+def fill_history(conn: Conn, *, first: int, last: int) -> None:
+    """Copies first..last (inclusive) of the sample history_sample took, in one
+    transaction, written straight into the tables: a bench database only (it needs a
+    superuser and turns off the ledger's triggers for the session, foreign keys included,
+    which is what lets history be made at the speed of COPY rather than of a workflow)."""
+    with conn.transaction():
+        conn.execute("SET LOCAL session_replication_role = replica")
+        for name, source, key in (
+            ("hist_i", "task_instances", "id"),
+            ("hist_c", "continuity_executions", "continuity_id"),
+            ("hist_r", "effect_receipts", "id"),
+        ):
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+            conn.execute(
+                sql.SQL(
+                    "CREATE TEMP TABLE {} AS SELECT s.{} AS old_id, k, gen_random_uuid() AS new_id"
+                    " FROM {} AS s CROSS JOIN generate_series(%(first)s::int, %(last)s::int) AS k"
+                ).format(
+                    sql.Identifier(name),
+                    sql.Identifier(key),
+                    sql.Identifier(f"hist_src_{source}"),
+                ),
+                {"first": first, "last": last},
+            )
+            conn.execute(sql.SQL("CREATE INDEX ON {} (old_id, k)").format(sql.Identifier(name)))
+            conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(name)))
+        for table, replaced in HISTORY_TABLES.items():
+            cols = all_rows(
+                conn,
+                "SELECT attname, format_type(atttypid, atttypmod) AS type"
+                " FROM pg_attribute WHERE attrelid = ('orch8.' || %(t)s)::regclass"
+                " AND attnum > 0 AND NOT attisdropped AND attidentity <> 'a' ORDER BY attnum",
+                {"t": table},
+            )
+            # the copy number: the receipt's for the events, which name nothing else
+            k = "r.k" if table == "effect_receipt_events" else "i.k"
+            exprs: list[sql.Composable] = []
+            for c in cols:
+                if c["attname"] in replaced:
+                    exprs.append(sql.SQL(replaced[c["attname"]]))
+                elif c["type"] == "timestamp with time zone":
+                    exprs.append(
+                        sql.SQL("t.{} - make_interval(mins => 5 * " + k + ")").format(
+                            sql.Identifier(c["attname"])
+                        )
+                    )
+                else:
+                    exprs.append(sql.SQL("t.{}").format(sql.Identifier(c["attname"])))
+            join = _HISTORY_JOINS[table]
+            conn.execute(
+                sql.SQL("INSERT INTO orch8.{} ({}) SELECT {} FROM {} AS t " + join).format(
+                    sql.Identifier(table),
+                    sql.SQL(", ").join(sql.Identifier(c["attname"]) for c in cols),
+                    sql.SQL(", ").join(exprs),
+                    sql.Identifier(f"hist_src_{table}"),
+                )
+            )
+
+
+def server_now(conn: Conn) -> object:
+    """orch8.now(): the clock a run's instances are stamped with."""
+    return value(conn, "SELECT orch8.now()")
+
+
+def run_counts(conn: Conn, *, tenant_id: str, since: object) -> dict[str, int]:
+    """How many of the tenant's instances created at or after ``since`` completed and
+    failed (by the listing index, so a large history beside the run costs nothing)."""
+    row = one(
+        conn,
+        "SELECT count(*) FILTER (WHERE state = 'completed') AS completed,"
+        " count(*) FILTER (WHERE state = 'failed') AS failed FROM orch8.task_instances"
+        " WHERE tenant_id = %(t)s AND created_at >= %(since)s",
+        {"t": tenant_id, "since": since},
+    )
+    return {"completed": row["completed"], "failed": row["failed"]}
+
+
+def run_latencies(conn: Conn, *, tenant_id: str, since: object) -> list[float]:
+    """Seconds from first claim to completion, per completed instance run_counts counts."""
+    return [
+        float(r["seconds"])
+        for r in all_rows(
+            conn,
+            "SELECT extract(epoch FROM max(t.at) FILTER (WHERE t.to_state = 'completed')"
+            " - min(t.at) FILTER (WHERE t.to_state = 'running'))::float8 AS seconds"
+            " FROM orch8.task_instances AS i JOIN orch8.instance_transitions AS t"
+            " ON t.tenant_id = i.tenant_id AND t.instance_id = i.id"
+            " WHERE i.tenant_id = %(t)s AND i.created_at >= %(since)s GROUP BY t.instance_id",
+            {"t": tenant_id, "since": since},
+        )
+        if r["seconds"] is not None
+    ]
+
+
+def settle_history(conn: Conn) -> None:
+    """What a database that grew over months would have had time for: its tables
+    vacuumed and analyzed, and a checkpoint (``conn`` in autocommit)."""
+    conn.execute(
+        "VACUUM (ANALYZE) orch8.task_instances, orch8.execution_nodes,"
+        " orch8.instance_transitions, orch8.block_outputs,"
+        " orch8.continuity_executions, orch8.effect_receipts,"
+        " orch8.effect_receipt_events"
+    )
+    conn.execute("CHECKPOINT")
+
+
+def history_size(conn: Conn) -> dict[str, int]:
+    """The instances a database holds and its size on disk."""
+    row = one(
+        conn,
+        "SELECT (SELECT count(*) FROM orch8.task_instances) AS instances,"
+        " pg_database_size(current_database()) AS bytes",
+    )
+    return {"instances": int(row["instances"]), "bytes": int(row["bytes"])}
+
+
+def bench_sequence(conn: Conn, *, tenant_id: str) -> str:
+    """The id of the tenant's sequence named bench (bench/run_bench.py creates it)."""
+    return str(
+        value(
+            conn,
+            "SELECT id FROM orch8.sequences WHERE tenant_id = %(t)s AND name = 'bench'"
+            " ORDER BY version DESC LIMIT 1",
+            {"t": tenant_id},
+        )
+    )
+
+
+def track_functions(conn: Conn, *, dbname: str) -> None:
+    """Count calls and time of every function in sessions that connect to ``dbname`` from
+    now on (a superuser setting; bench/profile.py)."""
+    conn.execute(
+        sql.SQL("ALTER DATABASE {} SET track_functions = 'all'").format(sql.Identifier(dbname))
+    )
+
+
+def function_profile(conn: Conn) -> list[dict[str, object]]:
+    """This database's orch8 functions by self time: calls, self and total milliseconds
+    (pg_stat_user_functions, as the backends flushed them)."""
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    return all_rows(
+        conn,
+        "SELECT funcname AS name, calls, self_time AS self_ms, total_time AS total_ms"
+        " FROM pg_stat_user_functions WHERE schemaname = 'orch8'"
+        " ORDER BY self_time DESC",
+    )

@@ -237,7 +237,8 @@ BEGIN
                                                      p_reason)
             WHEN 'pause' THEN orch8.pause_instance(p_tenant_id, p_instance_id, p_actor,
                                                    p_reason)
-            WHEN 'resume' THEN orch8.resume_instance(p_tenant_id, p_instance_id, p_actor)
+            WHEN 'resume' THEN orch8.resume_instance(p_tenant_id, p_instance_id, p_actor,
+                                                     p_reason)
         END;
         IF p_action = 'retry' THEN
             SELECT string_agg(DISTINCT r.outcome, ',') INTO v_outcome

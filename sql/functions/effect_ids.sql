@@ -1,4 +1,5 @@
--- Repeatable: canonical JSON, hashes and deterministic ids used by the effect ledger.
+-- Repeatable: canonical JSON, hashes and ids: the deterministic ids of the effect ledger,
+-- and the time-ordered ids of instances.
 
 CREATE OR REPLACE FUNCTION orch8.canonical_json_at(p_value jsonb, p_depth integer)
 RETURNS text
@@ -62,12 +63,16 @@ COMMENT ON FUNCTION orch8.canonical_json(jsonb) IS
 
 CREATE OR REPLACE FUNCTION orch8.sha256_hex(p_text text)
 RETURNS text
-LANGUAGE sql
+LANGUAGE plpgsql
 IMMUTABLE
 STRICT
 PARALLEL SAFE
 AS $$
-    SELECT encode(sha256(convert_to(p_text, 'UTF8')), 'hex')
+BEGIN
+    -- PL/pgSQL: convert_to is only stable, so a SQL body would not be inlined, and a SQL
+    -- function is planned again on every call
+    RETURN encode(sha256(convert_to(p_text, 'UTF8')), 'hex');
+END
 $$;
 
 COMMENT ON FUNCTION orch8.sha256_hex(text) IS
@@ -134,22 +139,54 @@ COMMENT ON FUNCTION orch8.deterministic_effect_id(uuid, bigint, uuid, text, inte
 '||block_id(UTF-8)||attempt(4, big-endian), as a version-8 UUID. A retry of the same '
 'attempt lands on the same receipt; a new attempt gets a new one.';
 
+CREATE OR REPLACE FUNCTION orch8.time_ordered_uuid()
+RETURNS uuid
+LANGUAGE plpgsql
+VOLATILE
+PARALLEL SAFE
+AS $$
+DECLARE
+    v_bytes bytea := uuid_send(gen_random_uuid());
+    v_ms bigint := floor(extract(EPOCH FROM orch8.now()) * 1000);
+BEGIN
+    -- the first 48 bits are the time, so ids made later sort later and a new row's
+    -- entries land at the right edge of every index that leads with the id
+    v_bytes := overlay(v_bytes PLACING substring(int8send(v_ms) FROM 3 FOR 6) FROM 1 FOR 6);
+    RETURN encode(set_byte(v_bytes, 6, (get_byte(v_bytes, 6) & 15) | 112), 'hex')::uuid;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.time_ordered_uuid() IS
+'A version-7 UUID (RFC 9562): 48 bits of Unix milliseconds from orch8.now(), then 74 '
+'random bits from gen_random_uuid(). The id of every new instance: indexes that lead '
+'with an instance id then grow at one edge, so their hot pages stay few however much '
+'history the table holds.';
+
 CREATE OR REPLACE FUNCTION orch8.effect_scope_id(p_prefix text, p_instance_id uuid)
 RETURNS uuid
-LANGUAGE sql
+LANGUAGE plpgsql
 IMMUTABLE
 STRICT
 PARALLEL SAFE
 AS $$
-    SELECT orch8.uuid_from_digest(sha256(
-        convert_to(p_prefix, 'UTF8') || '\x00'::bytea || uuid_send(p_instance_id)
-    ))
+DECLARE
+    v_digest bytea := sha256(
+        convert_to(p_prefix, 'UTF8') || '\x00'::bytea || uuid_send(p_instance_id));
+BEGIN
+    -- the instance id's first six bytes (its time, for a time-ordered id) lead, so a
+    -- scope's entries land next to its instance's in time order
+    RETURN orch8.uuid_from_digest(
+        overlay(v_digest PLACING substring(uuid_send(p_instance_id) FROM 1 FOR 6)
+                FROM 1 FOR 6));
+END
 $$;
 
 COMMENT ON FUNCTION orch8.effect_scope_id(text, uuid) IS
-'Scope ids derived from an instance id: SHA-256 over prefix||0x00||instance_id(16) as a '
+'Scope ids derived from an instance id: the instance id''s first 6 bytes (its time, for '
+'a time-ordered id), then bytes 7-16 of SHA-256 over prefix||0x00||instance_id(16), as a '
 'version-8 UUID. Prefix orch8-effect-scope-v1 gives the continuity id, '
-'orch8-effect-runtime-v1 the owner runtime id.';
+'orch8-effect-runtime-v1 the owner runtime id. Only a new scope is derived: '
+'ensure_effect_scope reads an existing one from its row.';
 
 CREATE OR REPLACE FUNCTION orch8.destination_fingerprint(p_handler text, p_params jsonb)
 RETURNS text

@@ -340,6 +340,36 @@ COMMENT ON VIEW orch8.rate_limit_status IS
 'Each rate limit with the tokens it holds now, its counters (admitted, deferred: times a '
 'node found no token) and how many steps wait on it now (waiting).';
 
+COMMENT ON COLUMN orch8.rate_limit_status.tenant_id IS 'The tenant whose steps the bucket limits.';
+
+COMMENT ON COLUMN orch8.rate_limit_status.key IS
+'The rate_limit_key steps name (rate_limits.key).';
+
+COMMENT ON COLUMN orch8.rate_limit_status.rate IS 'Tokens added per per_ms.';
+
+COMMENT ON COLUMN orch8.rate_limit_status.per_ms IS 'The refill period of rate, in milliseconds.';
+
+COMMENT ON COLUMN orch8.rate_limit_status.burst IS 'The most tokens the bucket holds.';
+
+COMMENT ON COLUMN orch8.rate_limit_status.tokens_now IS
+'The tokens the bucket holds at orch8.now(): the stored count refilled for the time since '
+'refilled_at, at most burst (orch8.rate_limit_tokens).';
+
+COMMENT ON COLUMN orch8.rate_limit_status.admitted IS 'Leases that took a token, ever.';
+
+COMMENT ON COLUMN orch8.rate_limit_status.deferred IS 'Times a node found no token, ever.';
+
+COMMENT ON COLUMN orch8.rate_limit_status.waiting IS
+'Ready nodes of the tenant with this key that admission is holding back now.';
+
+COMMENT ON COLUMN orch8.rate_limit_status.created_by IS 'Who defined the bucket.';
+
+COMMENT ON COLUMN orch8.rate_limit_status.updated_by IS 'Who last changed rate, per or burst.';
+
+COMMENT ON COLUMN orch8.rate_limit_status.created_at IS 'When the bucket was defined.';
+
+COMMENT ON COLUMN orch8.rate_limit_status.updated_at IS 'When rate, per or burst last changed.';
+
 -- What the validator says -----------------------------------------------------------------
 
 CREATE OR REPLACE FUNCTION orch8.flow_control_problems(

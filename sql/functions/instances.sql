@@ -1,7 +1,8 @@
 -- Repeatable: instances, lease-fenced claiming, block outputs and attempts.
 -- Every instance state change is a CAS against orch8.instance_can_transition and writes
--- an instance_transitions row (the trigger task_instances_record_transition, from what
--- attribute_transition set); every runner write carries (instance, lease token).
+-- an instance_transitions row (the triggers task_instances_record_creations and
+-- task_instances_record_moves, from what attribute_transition set); every runner write
+-- carries (instance, lease token).
 
 CREATE OR REPLACE FUNCTION orch8.attribute_transition(p_actor text, p_reason text)
 RETURNS void
@@ -136,7 +137,7 @@ BEGIN
     v_claimable := v_first IS NOT NULL AND orch8.claimable_block(v_first);
     -- ids chosen first, so that each item finds its own row afterwards (a repeated key
     -- inserts nothing and answers the instance that holds it)
-    SELECT array_agg(gen_random_uuid()) INTO v_ids FROM generate_series(1, v_count);
+    SELECT array_agg(orch8.time_ordered_uuid()) INTO v_ids FROM generate_series(1, v_count);
     PERFORM orch8.attribute_transition('create', NULL);
     WITH items AS (
         SELECT i.n::integer AS n,
@@ -192,16 +193,22 @@ BEGIN
     IF p_next_fire_at IS NOT NULL THEN  -- due at another time: a first step's delay after it
         UPDATE orch8.execution_nodes AS n
         SET next_fire_at = n.next_fire_at + (p_next_fire_at - orch8.now())
-        WHERE n.tenant_id = p_tenant_id AND n.state = 'ready'
+        -- IS TRUE: probed by the primary key, never by the ready queue's index (below)
+        WHERE n.tenant_id = p_tenant_id AND (n.state = 'ready') IS TRUE
           AND n.instance_id = ANY (SELECT i.id FROM unnest(v_new) AS i);
     END IF;
     -- a first step's delay: the instance is due when its node is (probed per instance, so
-    -- the plan stays an index lookup however stale the table's statistics are)
+    -- the plan stays an index lookup however stale the table's statistics are). Written
+    -- "(state = 'ready') IS TRUE" so that the planner cannot use the ready queue's partial
+    -- index: statistics taken beside a large history say almost no node is ready, and it
+    -- then walked the whole queue once per instance (docs/ARCHITECTURE.md, "Flat as
+    -- history grows").
     UPDATE orch8.task_instances AS t SET next_fire_at = d.at
     FROM unnest(v_new) AS i
     CROSS JOIN LATERAL (
         SELECT min(n.next_fire_at) AS at FROM orch8.execution_nodes AS n
-        WHERE n.tenant_id = p_tenant_id AND n.instance_id = i.id AND n.state = 'ready') AS d
+        WHERE n.tenant_id = p_tenant_id AND n.instance_id = i.id
+          AND (n.state = 'ready') IS TRUE) AS d
     WHERE t.tenant_id = p_tenant_id AND t.id = i.id AND d.at > t.next_fire_at;
     IF NOT v_claimable THEN
         -- a tree that ended at once (no blocks, stored before blocks were required; empty
@@ -210,7 +217,7 @@ BEGIN
         FROM unnest(v_new) AS i
         WHERE NOT EXISTS (SELECT 1 FROM orch8.execution_nodes AS n
                           WHERE n.tenant_id = p_tenant_id AND n.instance_id = i.id
-                            AND n.state = 'ready');
+                            AND (n.state = 'ready') IS TRUE);
     END IF;
     IF v_new IS NOT NULL THEN
         PERFORM pg_notify('orch8_work', '');
@@ -361,8 +368,11 @@ LANGUAGE plpgsql
 -- statistics still say the tables are nearly empty, and the planner then sorted every due
 -- node (an external sort of 100,000 rows) and hashed them all to update 256: ten times
 -- slower. Without sorts and hash joins it walks the ready index in order and probes by key.
+-- JIT off: the sorts admit_nodes cannot avoid then cost 1e10, far over the JIT thresholds,
+-- and every claim of a keyed node compiled them (555 ms a claim instead of 4 ms).
 SET enable_sort = off
 SET enable_hashjoin = off
+SET jit = off
 AS $$
 DECLARE
     v_due orch8.execution_nodes [];
@@ -413,8 +423,12 @@ BEGIN
             lease_expires_at = orch8.now() + p_lease, deferred_by = NULL,
             updated_at = orch8.now()
         FROM unnest(v_due) AS d
+        -- d.state is 'ready' (the rows were read so and locked above). Compared with the
+        -- constant, the planner took the queue's statistics, which beside a large history
+        -- say no node is ready, and walked every ready node once per row of the batch;
+        -- compared with the batch's own column, it probes the batch by primary key.
         WHERE n.tenant_id = d.tenant_id AND n.instance_id = d.instance_id AND n.path = d.path
-          AND n.state = 'ready'
+          AND n.state = d.state
         RETURNING n
     )
     SELECT coalesce(array_agg(c.n), ARRAY[]::orch8.execution_nodes []) INTO v_claimed
@@ -506,20 +520,47 @@ BEGIN
     -- A lease handed over to the instance's next node while this waited for the lock
     -- is on a row the statement above did not see; this one, with a new snapshot, does.
     RETURN QUERY SELECT t.token FROM unnest(v_extended) AS t (token);
+    -- It must not wait: holding the rows of the first statement, a wait here can close a
+    -- cycle with a batch that holds the row it wants and wants one of those (four to
+    -- eight deadlocks a run in test_runner_edges). A row a batch holds now is skipped, and
+    -- its token answered as held without being extended: the row names it with a lease
+    -- not expired, and the lock is a begin or finish of the same runner, milliseconds
+    -- long; the next heartbeat extends it.
     RETURN QUERY
-    UPDATE orch8.execution_nodes AS n
-    SET lease_expires_at = orch8.now() + p_lease
-    WHERE n.lease_token = ANY(p_lease_tokens) AND NOT n.lease_token = ANY(v_extended)
-      AND n.lease_expires_at >= orch8.now()
-    RETURNING n.lease_token;
+    WITH again AS (
+        SELECT n.tenant_id, n.instance_id, n.path, n.lease_token FROM orch8.execution_nodes AS n
+        WHERE n.lease_token = ANY(p_lease_tokens) AND NOT n.lease_token = ANY(v_extended)
+          AND n.lease_expires_at >= orch8.now()
+    ), locked AS (
+        SELECT n.tenant_id, n.instance_id, n.path FROM orch8.execution_nodes AS n
+        JOIN again AS a
+            ON n.tenant_id = a.tenant_id AND n.instance_id = a.instance_id AND n.path = a.path
+        ORDER BY n.tenant_id, n.instance_id, n.path
+        FOR UPDATE OF n SKIP LOCKED
+    ), extended AS (
+        UPDATE orch8.execution_nodes AS n
+        SET lease_expires_at = orch8.now() + p_lease
+        FROM locked AS l
+        WHERE n.tenant_id = l.tenant_id AND n.instance_id = l.instance_id AND n.path = l.path
+          AND n.lease_token = ANY(p_lease_tokens) AND n.lease_expires_at >= orch8.now()
+        RETURNING n.lease_token
+    )
+    SELECT e.lease_token FROM extended AS e
+    UNION ALL
+    SELECT a.lease_token FROM again AS a
+    WHERE NOT EXISTS (
+        SELECT 1 FROM locked AS l
+        WHERE l.tenant_id = a.tenant_id AND l.instance_id = a.instance_id AND l.path = a.path);
 END
 $$;
 
 COMMENT ON FUNCTION orch8.heartbeat_leases(uuid[], interval) IS
 'Extend every still-held node lease among p_lease_tokens to now + p_lease in one '
 'statement, locking the nodes in (tenant, instance, path) order, the order in which '
-'begin_steps and finish_steps take their calls (so they never deadlock), then in a second '
-'statement the leases handed over to another node while it waited; returns the tokens '
+'begin_steps and finish_steps take their calls, then in a second statement, without '
+'waiting (SKIP LOCKED), the leases handed over to another node while it waited (one '
+'whose node a batch holds at that moment is answered held, not extended: the next '
+'heartbeat extends it); so a heartbeat and a batch never deadlock. Returns the tokens '
 'still held (a missing one was lost: stop work on that node). A lease that is NULL or '
 'not positive: O8008.';
 
@@ -562,7 +603,13 @@ BEGIN
         -- a request holds until it is met, or the instance ends
         requested_state = CASE WHEN p_next = t.requested_state
                                     OR p_next IN ('completed', 'failed', 'cancelled')
-                               THEN NULL ELSE t.requested_state END
+                               THEN NULL ELSE t.requested_state END,
+        requested_by = CASE WHEN p_next = t.requested_state
+                                 OR p_next IN ('completed', 'failed', 'cancelled')
+                            THEN NULL ELSE t.requested_by END,
+        requested_reason = CASE WHEN p_next = t.requested_state
+                                     OR p_next IN ('completed', 'failed', 'cancelled')
+                                THEN NULL ELSE t.requested_reason END
     WHERE t.tenant_id = p_tenant_id AND t.id = p_instance_id AND t.state = p_expected
     RETURNING t.* INTO v_row;
     IF v_row.id IS NULL THEN
@@ -622,10 +669,12 @@ CREATE OR REPLACE FUNCTION orch8.compute_attempt(
     p_tenant_id text, p_instance_id uuid, p_block_id text
 )
 RETURNS integer
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 AS $$
-    SELECT coalesce(
+BEGIN
+    -- PL/pgSQL so that the plan is made once per session (node_vars says why)
+    RETURN coalesce(
         (SELECT CASE WHEN o.sentinel IN ('__in_progress__', '__unsettled__') THEN o.attempt
                      ELSE o.attempt + 1 END
            FROM orch8.block_outputs AS o
@@ -633,7 +682,8 @@ AS $$
             AND o.block_id = p_block_id
           ORDER BY o.seq DESC
           LIMIT 1),
-        0)
+        0);
+END
 $$;
 
 COMMENT ON FUNCTION orch8.compute_attempt(text, uuid, text) IS

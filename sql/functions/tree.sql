@@ -53,23 +53,28 @@ CREATE OR REPLACE FUNCTION orch8.node_vars(
     p_tenant_id text, p_instance_id uuid, p_path text
 )
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 AS $$
-    WITH RECURSIVE up (path, parent_path, vars, depth) AS (
-        SELECT n.path, n.parent_path, n.vars, 0
+DECLARE
+    v_vars jsonb := '{}'::jsonb;
+    v_path text := p_path;
+    v_node_vars jsonb;
+BEGIN
+    -- PL/pgSQL, not a recursive CTE in SQL: it runs once per step, and a SQL function's
+    -- query is planned again in every transaction (0.3 ms a step), a PL/pgSQL one once
+    -- per session. Walk up; a nearer binding wins, so an ancestor's only fills gaps.
+    WHILE v_path IS NOT NULL LOOP
+        SELECT n.vars, n.parent_path INTO v_node_vars, v_path
         FROM orch8.execution_nodes AS n
-        WHERE n.tenant_id = p_tenant_id AND n.instance_id = p_instance_id AND n.path = p_path
-        UNION ALL
-        SELECT n.path, n.parent_path, n.vars, up.depth + 1
-        FROM up
-        JOIN orch8.execution_nodes AS n
-            ON n.tenant_id = p_tenant_id AND n.instance_id = p_instance_id
-           AND n.path = up.parent_path
-    )
-    SELECT coalesce(jsonb_object_agg(v.key, v.value ORDER BY up.depth DESC), '{}'::jsonb)
-    FROM up
-    CROSS JOIN LATERAL jsonb_each(up.vars) AS v (key, value)
+        WHERE n.tenant_id = p_tenant_id AND n.instance_id = p_instance_id AND n.path = v_path;
+        EXIT WHEN NOT found;
+        IF v_node_vars IS NOT NULL AND v_node_vars <> '{}'::jsonb THEN
+            v_vars := v_node_vars || v_vars;
+        END IF;
+    END LOOP;
+    RETURN v_vars;
+END
 $$;
 
 COMMENT ON FUNCTION orch8.node_vars(text, uuid, text) IS
@@ -978,9 +983,10 @@ BEGIN
     END IF;
 
     IF v_target = v_inst.requested_state AND p_actor = 'runner' THEN
-        -- a pause or cancel asked for while the runner held the work: the operator's move
-        p_actor := 'operator';
-        v_reason := 'requested while running';
+        -- a pause or cancel asked for while the runner held the work: the move of the
+        -- operator who asked, with their reason (kept beside the request)
+        p_actor := coalesce(v_inst.requested_by, 'operator');
+        v_reason := coalesce(v_inst.requested_reason, 'requested while running');
     END IF;
     IF v_counts.due > 0 THEN
         PERFORM pg_notify('orch8_work', '');  -- ready nodes: wake idle runners
@@ -1042,9 +1048,12 @@ BEGIN
        OR p_lease_expires_at < orch8.now() THEN
         RETURN NULL;
     END IF;
+    -- "(state = 'ready') IS TRUE": the instance's nodes by the primary key, never a walk
+    -- of the ready queue's partial index, which statistics taken beside a large history
+    -- make look empty (docs/ARCHITECTURE.md, "Flat as history grows")
     SELECT c.* INTO v_node FROM orch8.execution_nodes AS c
     WHERE c.tenant_id = p_inst.tenant_id AND c.instance_id = p_inst.id
-      AND c.state = 'ready' AND c.next_fire_at <= orch8.now()
+      AND (c.state = 'ready') IS TRUE AND c.next_fire_at <= orch8.now()
       AND c.path IS DISTINCT FROM p_exclude
       -- a worker's result to decide on is claimed with it (claim_work's worker_result)
       AND c.worker_task_id IS NULL
@@ -1064,7 +1073,7 @@ BEGIN
     SET state = 'running', lease_owner = p_lease_owner, lease_token = p_lease_token,
         lease_expires_at = p_lease_expires_at, deferred_by = NULL, updated_at = orch8.now()
     WHERE n.tenant_id = v_node.tenant_id AND n.instance_id = v_node.instance_id
-      AND n.path = v_node.path AND n.state = 'ready'
+      AND n.path = v_node.path AND (n.state = 'ready') IS TRUE
     RETURNING n.* INTO v_node;
     RETURN v_node;
 END
@@ -1527,3 +1536,74 @@ COMMENT ON VIEW orch8.execution_tree IS
 'What the API, the CLI '
 'and the console draw as a tree (parent_path links a node to its parent; '
 'ORDER BY created_at, path gives the order things started).';
+
+COMMENT ON COLUMN orch8.execution_tree.tenant_id IS 'The instance''s tenant.';
+
+COMMENT ON COLUMN orch8.execution_tree.instance_id IS
+'The instance whose tree this node is part of.';
+
+COMMENT ON COLUMN orch8.execution_tree.path IS
+'The node''s path in the tree (execution_nodes.path).';
+
+COMMENT ON COLUMN orch8.execution_tree.parent_path IS
+'The parent node''s path, NULL for the root: the tree is drawn by it.';
+
+COMMENT ON COLUMN orch8.execution_tree.block_id IS
+'The block the node runs or belongs to; NULL for the root, on_failure and on_cancel '
+'lists.';
+
+COMMENT ON COLUMN orch8.execution_tree.kind IS 'What the node executes (execution_nodes.kind).';
+
+COMMENT ON COLUMN orch8.execution_tree.state IS
+'The node''s state: ready, running, waiting, blocked, completed, failed, skipped or '
+'cancelled.';
+
+COMMENT ON COLUMN orch8.execution_tree.attempt IS
+'For a step, compensation or sub_sequence: the attempt of its latest block_outputs row; '
+'NULL for other kinds or before any row.';
+
+COMMENT ON COLUMN orch8.execution_tree.effect_id IS
+'The node''s latest receipt (highest attempt); NULL when it has none.';
+
+COMMENT ON COLUMN orch8.execution_tree.receipt_state IS
+'The state of that receipt; NULL when there is none.';
+
+COMMENT ON COLUMN orch8.execution_tree.output IS
+'The node''s latest output: its latest real block_outputs row, or for a list the output '
+'kept on the node. NULL when none.';
+
+COMMENT ON COLUMN orch8.execution_tree.error IS
+'Why the node failed, or the error of a step waiting on an unknown receipt.';
+
+COMMENT ON COLUMN orch8.execution_tree.cancel_reason IS
+'Why the node was cancelled or asked to stop.';
+
+COMMENT ON COLUMN orch8.execution_tree.child_instance_id IS
+'The child instance of a sub_sequence node.';
+
+COMMENT ON COLUMN orch8.execution_tree.lease_owner IS
+'The runner holding the node''s lease; NULL when not leased.';
+
+COMMENT ON COLUMN orch8.execution_tree.lease_expires_at IS
+'When that lease runs out; NULL when not leased.';
+
+COMMENT ON COLUMN orch8.execution_tree.next_fire_at IS 'When a ready node may be claimed.';
+
+COMMENT ON COLUMN orch8.execution_tree.created_at IS 'When the node started.';
+
+COMMENT ON COLUMN orch8.execution_tree.ended_at IS 'When the node ended; NULL while it is open.';
+
+COMMENT ON COLUMN orch8.execution_tree.wake_at IS
+'A waiting node''s timer: when a sleep ends or a wait times out.';
+
+COMMENT ON COLUMN orch8.execution_tree.concurrency_key IS
+'The step''s rendered concurrency key; NULL when not limited.';
+
+COMMENT ON COLUMN orch8.execution_tree.rate_limit_key IS
+'The rate_limit_key the step takes tokens from; NULL when none.';
+
+COMMENT ON COLUMN orch8.execution_tree.deferred_by IS
+'Why admission holds the ready node back: rate_limit or rate_limit_undefined; NULL when '
+'it does not.';
+
+COMMENT ON COLUMN orch8.execution_tree.deferrals IS 'How many times admission deferred the node.';

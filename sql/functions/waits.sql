@@ -634,7 +634,7 @@ BEGIN
     v_outcome := CASE p_signal_type
         WHEN 'cancel' THEN orch8.cancel_instance(p_tenant_id, p_instance_id, p_actor, 'signal')
         WHEN 'pause' THEN orch8.pause_instance(p_tenant_id, p_instance_id, p_actor, 'signal')
-        WHEN 'resume' THEN orch8.resume_instance(p_tenant_id, p_instance_id, p_actor)
+        WHEN 'resume' THEN orch8.resume_instance(p_tenant_id, p_instance_id, p_actor, 'signal')
         ELSE 'pending'
     END;
     IF p_signal_type = 'update_context' THEN
@@ -864,3 +864,44 @@ COMMENT ON VIEW orch8.waiting_nodes IS
 'verifier settling the step''s receipt), and until when (its timer: a sleep''s end, a '
 'wait''s timeout, a worker task''s close_by; NULL when none). What the console, the API '
 'and the CLI list as waiting.';
+
+COMMENT ON COLUMN orch8.waiting_nodes.tenant_id IS 'The instance''s tenant.';
+
+COMMENT ON COLUMN orch8.waiting_nodes.instance_id IS 'The instance that waits.';
+
+COMMENT ON COLUMN orch8.waiting_nodes.path IS 'The waiting node''s path.';
+
+COMMENT ON COLUMN orch8.waiting_nodes.kind IS
+'The node''s kind (sleep, wait_for_signal, wait_for_input, sub_sequence, step...).';
+
+COMMENT ON COLUMN orch8.waiting_nodes.waiting_for IS
+'What it waits for, one of orch8.wait_reasons(): time, signal, input, child, verification '
+'or worker.';
+
+COMMENT ON COLUMN orch8.waiting_nodes.signal IS
+'For a wait_for_signal: the signal name it waits for; NULL otherwise.';
+
+COMMENT ON COLUMN orch8.waiting_nodes.prompt IS
+'For a wait_for_input: the rendered prompt shown to people; NULL otherwise.';
+
+COMMENT ON COLUMN orch8.waiting_nodes.choices IS
+'For a wait_for_input: the JSON array of allowed answers; NULL otherwise.';
+
+COMMENT ON COLUMN orch8.waiting_nodes.child_instance_id IS
+'For a sub_sequence: the child instance it waits for; NULL otherwise.';
+
+COMMENT ON COLUMN orch8.waiting_nodes.until IS
+'When the wait ends if nothing else happens: a sleep''s end or a wait''s timeout, or an '
+'external worker task''s close_by. NULL when not timed.';
+
+COMMENT ON COLUMN orch8.waiting_nodes.since IS
+'When the node row last changed, normally when it began waiting.';
+
+COMMENT ON COLUMN orch8.waiting_nodes.instance_state IS 'The state of the instance.';
+
+COMMENT ON COLUMN orch8.waiting_nodes.sequence_name IS 'The name of the instance''s sequence.';
+
+COMMENT ON COLUMN orch8.waiting_nodes.namespace IS 'The namespace of the instance''s sequence.';
+
+COMMENT ON COLUMN orch8.waiting_nodes.worker_task_id IS
+'For a step served by an external worker: its task (worker_tasks.id); NULL otherwise.';

@@ -114,6 +114,34 @@ COMMENT ON VIEW orch8.worker_handler_status IS
 'Every registered worker handler with its tasks queued now (and since when the oldest '
 'waits) and running now: what the API, the CLI and /metrics show.';
 
+COMMENT ON COLUMN orch8.worker_handler_status.tenant_id IS
+'The tenant whose steps the handler serves.';
+
+COMMENT ON COLUMN orch8.worker_handler_status.handler IS 'The registered handler''s name.';
+
+COMMENT ON COLUMN orch8.worker_handler_status.queue IS 'The queue its tasks go to.';
+
+COMMENT ON COLUMN orch8.worker_handler_status.timeout_ms IS
+'Its schedule-to-close timeout in milliseconds, for steps that declare none.';
+
+COMMENT ON COLUMN orch8.worker_handler_status.redeliver_unstarted IS
+'Whether a task never heartbeated is queued again when its lease runs out.';
+
+COMMENT ON COLUMN orch8.worker_handler_status.queued IS 'Its tasks queued now, held by no worker.';
+
+COMMENT ON COLUMN orch8.worker_handler_status.oldest_queued_at IS
+'When the oldest of those was queued; NULL when none is.';
+
+COMMENT ON COLUMN orch8.worker_handler_status.running IS 'Its tasks a worker holds now.';
+
+COMMENT ON COLUMN orch8.worker_handler_status.created_by IS 'Who registered it.';
+
+COMMENT ON COLUMN orch8.worker_handler_status.updated_by IS 'Who last changed it.';
+
+COMMENT ON COLUMN orch8.worker_handler_status.created_at IS 'When it was registered.';
+
+COMMENT ON COLUMN orch8.worker_handler_status.updated_at IS 'When it last changed.';
+
 -- Dispatch ------------------------------------------------------------------------------
 
 CREATE OR REPLACE FUNCTION orch8.dispatch_worker_task(
