@@ -37,6 +37,7 @@ from psycopg_pool import ConnectionPool, PoolClosed
 
 from . import config, db, metrics, rules, sqlapi
 from . import handlers as registry
+from .deadlines import Watchdog
 from .errors import BatchedCallFailed, NotFound, StaleLease
 from .expression import ExpressionError, truthy
 from .group_commit import Batcher, Closed
@@ -109,6 +110,11 @@ class LeaseLost(Exception):
     """Internal: the instance is no longer ours; stop working on it."""
 
 
+class Overtaken(Exception):
+    """Internal: a handler returned after its deadline, which carried the instance on
+    from another thread (deadlines.py); this thread stops."""
+
+
 class LeaseTaken(LeaseLost):
     """The database refused the lease (StaleLease), as opposed to the runner giving up."""
 
@@ -160,13 +166,23 @@ class Runner:
         self.missing_since: dict[uuid.UUID, float] = {}
         self.lock = threading.Lock()
         self.definitions: dict[tuple[str, uuid.UUID], StoredSequence] = {}
+        self.definition_lock = threading.Lock()
         self.builtins: dict[str, bool] | None = None  # builtin name -> has side effects
-        # Twice the instance threads: a handler that overran its timeout keeps its thread
-        # (Python cannot kill one), and the spare threads keep steps flowing meanwhile.
+        # A handler runs on its instance's thread, racing its timeout (deadlines.py).
+        # Handler calls running at once, those that overran their timeout included, are
+        # at most twice the instance threads: a handler that overran keeps its thread
+        # (Python cannot kill one) while the instance carries on from another thread, and
+        # the spare room keeps steps flowing meanwhile. A call that finds no room within
+        # its timeout never starts.
         self.handler_threads = s.concurrency * 2
-        self.handler_pool = cf.ThreadPoolExecutor(
-            self.handler_threads, thread_name_prefix="handler"
-        )
+        self.call_permits = threading.BoundedSemaphore(self.handler_threads)
+        self.deadlines = Watchdog()
+        # Instances claimed and leased, waiting for one of the `concurrency` slots; at
+        # most a batch beyond the running ones (see _run). Guarded by `lock`.
+        self.backlog: collections.deque[Claimed] = collections.deque()
+        self.active = 0  # instances holding a slot
+        self.slot_freed = threading.Condition(self.lock)
+        self.workers: cf.ThreadPoolExecutor | None = None
         self.verifier: Verifier | None = None  # the verifier loop, while run() runs it
         # group commit: two lanes per kind keep both of a small machine's cores busy
         self.begins: Batcher[BeginCall, Outcome] | None = None
@@ -265,9 +281,14 @@ class Runner:
     def definition(self, tenant: str, sequence_id: uuid.UUID) -> StoredSequence:
         key = (tenant, sequence_id)
         if key not in self.definitions:  # sequences are immutable: cache forever
-            self.definitions[key] = self._call_until_done(
-                lambda c: sqlapi.steps.stored_sequence(c, tenant_id=tenant, sequence_id=sequence_id)
-            )
+            # one read per sequence, not one per thread that starts before it is cached
+            with self.definition_lock:
+                if key not in self.definitions:
+                    self.definitions[key] = self._call_until_done(
+                        lambda c: sqlapi.steps.stored_sequence(
+                            c, tenant_id=tenant, sequence_id=sequence_id
+                        )
+                    )
         return self.definitions[key]
 
     def claim(self, n: int) -> list[Claimed]:
@@ -290,7 +311,7 @@ class Runner:
             self.failure = f"{type(exc).__name__}: {first_line}".rstrip(": ")
             log.error("event=runner.failed error=%r", self.failure)
             stop.set()
-            self.handler_pool.shutdown(wait=False, cancel_futures=True)
+            self.deadlines.close()
             self._close_batchers()
             self.pool.close()
 
@@ -368,16 +389,19 @@ class Runner:
             )
         for t in helpers:
             t.start()
-        workers = cf.ThreadPoolExecutor(s.concurrency, thread_name_prefix="instance")
-        futures: set[cf.Future[None]] = set()
+        # Room for the instances' slots and for the threads that handlers which overran
+        # their timeout keep (call_permits); threads are made only as work needs them.
+        self.workers = cf.ThreadPoolExecutor(
+            s.concurrency + self.handler_threads, thread_name_prefix="instance"
+        )
         backoff = 0.1
         while not stop.is_set():
             self.ticks += 1
-            futures = {f for f in futures if not f.done()}
             # Keep up to two batches claimed: the running one and one queued behind it
             # (leased and heartbeated), and claim only when at least a batch is free, so a
             # busy runner claims many instances per round trip instead of one at a time.
-            outstanding = len(futures)
+            with self.lock:
+                outstanding = self.active + len(self.backlog)
             free = 2 * s.concurrency - outstanding if outstanding <= s.concurrency else 0
             claimed: list[Claimed] = []
             if self._settling(stop):
@@ -396,17 +420,16 @@ class Runner:
                     backoff = min(backoff * 2, MAX_BACKOFF)
                     continue
             self._settling(stop)  # this very claim may have found the database back
-            for row in claimed:
-                with self.lock:
+            with self.lock:
+                for row in claimed:
                     self.inflight[row.lease_token] = row
-                future = workers.submit(self._run_instance, row)
-                future.add_done_callback(lambda _f: self.wake.set())  # a slot is free
-                futures.add(future)
+                    self.backlog.append(row)
+            self._start_waiting()
             if claimed and len(claimed) == free:
                 continue  # more may be due: claim again at once
             self.wake.wait(s.poll_interval)
             self.wake.clear()
-        self._drain(workers, futures)
+        self._drain()
         stop.set()
         for t in helpers:
             t.join(timeout=5)
@@ -414,7 +437,7 @@ class Runner:
             deliverer.close()
         if schedule_pool is not None:
             schedule_pool.close()
-        self.handler_pool.shutdown(wait=False, cancel_futures=True)
+        self.deadlines.close()
         self._close_batchers()
         self.pool.close()
         log.info("event=runner.stop ticks=%d steps=%d", self.ticks, self.steps_run)
@@ -435,20 +458,73 @@ class Runner:
         stop.wait(pause)
         return True
 
-    def _drain(self, workers: cf.ThreadPoolExecutor, futures: set[cf.Future[None]]) -> None:
+    def _start_waiting(self) -> None:
+        """Give free slots to claimed instances, oldest claim first. Takes ``lock``; the
+        threads start outside it (a new thread's first step would wait for it)."""
+        assert self.workers is not None
+        with self.lock:
+            starting = []
+            while self.backlog and (
+                self.active < self.settings.concurrency or self.draining.is_set()
+            ):
+                starting.append(self.backlog.popleft())
+                self.active += 1
+        for row in starting:
+            self.workers.submit(self._instance_thread, row, None, None)
+
+    def _instance_thread(
+        self,
+        row: Claimed,
+        progress: dict[str, Any] | None,
+        first: Callable[[], Finished] | None,
+    ) -> None:
+        while self._run_instance(row, progress, first):
+            with self.lock:
+                # the next claimed instance runs on this thread and slot: a new pool task
+                # would find this thread still busy and make another one
+                after = self.backlog.popleft() if self.backlog else None
+                if after is None:
+                    self.active -= 1
+                    self.slot_freed.notify_all()
+            self.wake.set()  # room for more claimed instances: the loop may claim
+            if after is None:
+                return
+            row, progress, first = after, None, None
+
+    def _carry_on(
+        self, row: Claimed, progress: dict[str, Any], after: Callable[[Invocation], Finished]
+    ) -> Callable[[Invocation], None]:
+        """What a handler's deadline does: carry the instance on from another thread
+        with the timeout as the call's result, keeping its slot (the handler's thread
+        stays with the handler until it returns, then ends: Overtaken)."""
+
+        def on_timeout(call: Invocation) -> None:
+            assert self.workers is not None
+            self.workers.submit(self._instance_thread, row, progress, lambda: after(call))
+
+        return on_timeout
+
+    def _drain(self) -> None:
         """Finish in-flight steps within the grace period; instances between steps hand
         their lease back (``_run_instance`` checks ``draining``)."""
+        assert self.workers is not None
         self.draining.set()
-        pending = {f for f in futures if not f.done()}
-        log.info("event=runner.drain in_flight=%d grace=%.0fs", len(pending), self.settings.grace)
-        _done, not_done = cf.wait(pending, timeout=self.settings.grace)
-        self.stranded = len(not_done)
-        if not_done:
+        ends = time.monotonic() + self.settings.grace
+        self._start_waiting()  # the claimed ones waiting for a slot hand back at once
+        with self.lock:
+            log.info(
+                "event=runner.drain in_flight=%d grace=%.0fs", self.active, self.settings.grace
+            )
+            # a slot, not a thread: a handler past its timeout is no longer waited for
+            while self.active > 0 and (left := ends - time.monotonic()) > 0:
+                self.slot_freed.wait(left)
+            self.stranded = self.active
+        if self.stranded:
             log.warning(
                 "event=runner.drain_timeout still_running=%d (their leases will expire)",
-                len(not_done),
+                self.stranded,
             )
-        workers.shutdown(wait=False, cancel_futures=True)
+        self.workers.shutdown(wait=False, cancel_futures=True)
 
     def _listen(self, stop: threading.Event) -> None:
         backoff = 0.1
@@ -500,9 +576,24 @@ class Runner:
 
     # --- one chain of nodes ---------------------------------------------------------
 
-    def _run_instance(self, row: Claimed) -> None:
+    def _run_instance(
+        self,
+        row: Claimed,
+        progress: dict[str, Any] | None = None,
+        first: Callable[[], Finished] | None = None,
+    ) -> bool:
+        """Run the instance's nodes; False if a handler's deadline passed meanwhile and
+        another thread carried the instance on (it then owns the instance)."""
         try:
-            self._steps(row)
+            self._steps(row, progress, first)
+        except Overtaken:
+            log.warning(
+                "event=step.returned_late tenant=%s instance=%s (after its timeout:"
+                " its result was not recorded)",
+                row.tenant_id,
+                row.id,
+            )
+            return False
         except LeaseLost as exc:
             metrics.lease_lost()
             log.info(
@@ -515,22 +606,30 @@ class Runner:
             log.exception(
                 "event=instance.runner_error tenant=%s instance=%s", row.tenant_id, row.id
             )
-        finally:
-            with self.lock:
-                self.inflight.pop(row.lease_token, None)
+        with self.lock:
+            self.inflight.pop(row.lease_token, None)
+        return True
 
-    def _steps(self, row: Claimed) -> None:
+    def _steps(
+        self,
+        row: Claimed,
+        progress: dict[str, Any] | None = None,
+        first: Callable[[], Finished] | None = None,
+    ) -> None:
         """Run the claimed node, then each node the database hands over under the same
         lease (the next step of the same list, a branch, a composite asking for a value),
-        until none is left for this runner."""
+        until none is left for this runner. ``first``, when set, ends a step begun on a
+        thread its handler kept (``_carry_on``); ``progress`` is then that thread's."""
         sequence = self.definition(row.tenant_id, row.sequence_id)
-        progress = dict(row.progress or {})
+        progress = dict(row.progress or {}) if progress is None else progress
         node: Node | None = row.node
         while node is not None:
-            if self.draining.is_set():
+            if first is not None:
+                done, first = first(), None
+            elif self.draining.is_set():
                 self._hand_back(row)
                 return
-            if node.kind in ("loop", "for_each", "router"):
+            elif node.kind in ("loop", "for_each", "router"):
                 done = self._decide(row, sequence, node, progress)
             elif node.kind == "sub_sequence":
                 done = self._child(row, sequence, node, progress)
@@ -645,31 +744,36 @@ class Runner:
         )
         metrics.step_started(name, effect_id is not None)
         started = time.monotonic()
-        call = self._invoke(fn, params, ctx, timeout)
-        if call.result == "ok" and isinstance(block.get("output_schema"), dict):
-            call = checked_output(call, block["output_schema"])
-        with self.lock:
-            self.steps_run += 1
-        if effect_id is not None:
-            fault_point("before_finish", path)
-        retry_in = None
-        if call.result in ("error", "not_applied"):
-            retry_in = self._retry_delay(row, block, node, outputs, attempt, call)
-        done = self._finish(row, path, attempt, effect_id, call, retry_in)
-        metrics.step_finished(name, call.result, done.state, time.monotonic() - started)
-        log.info(
-            "event=step.done %s handler=%s effect=%s result=%s state=%s ms=%d%s",
-            where,
-            name,
-            effect_id,
-            call.result,
-            done.state,
-            (time.monotonic() - started) * 1000,
-            f" error={call.error!r}" if call.error else "",
-        )
-        if call.result == "ok":
-            progress[path] = {"attempt": attempt, "sentinel": None, "output": call.output}
-        return done
+
+        def after(call: Invocation) -> Finished:
+            """Record what the call came to: on this thread, or on another one if the
+            handler's deadline passed first (_carry_on)."""
+            if call.result == "ok" and isinstance(block.get("output_schema"), dict):
+                call = checked_output(call, block["output_schema"])
+            with self.lock:
+                self.steps_run += 1
+            if effect_id is not None:
+                fault_point("before_finish", path)
+            retry_in = None
+            if call.result in ("error", "not_applied"):
+                retry_in = self._retry_delay(row, block, node, outputs, attempt, call)
+            done = self._finish(row, path, attempt, effect_id, call, retry_in)
+            metrics.step_finished(name, call.result, done.state, time.monotonic() - started)
+            log.info(
+                "event=step.done %s handler=%s effect=%s result=%s state=%s ms=%d%s",
+                where,
+                name,
+                effect_id,
+                call.result,
+                done.state,
+                (time.monotonic() - started) * 1000,
+                f" error={call.error!r}" if call.error else "",
+            )
+            if call.result == "ok":
+                progress[path] = {"attempt": attempt, "sentinel": None, "output": call.output}
+            return done
+
+        return after(self._invoke(fn, params, ctx, timeout, self._carry_on(row, progress, after)))
 
     def _worker_result(
         self,
@@ -1068,29 +1172,51 @@ class Runner:
         )
 
     def _invoke(
-        self, fn: Handler, params: dict[str, Any], ctx: StepContext, timeout: float
+        self,
+        fn: Handler,
+        params: dict[str, Any],
+        ctx: StepContext,
+        timeout: float,
+        on_timeout: Callable[[Invocation], None],
     ) -> Invocation:
-        """Run a handler with its timeout."""
-        future = self.handler_pool.submit(fn, params, ctx)
+        """Run a handler on this thread with its timeout. If the deadline passes first,
+        ``on_timeout`` gets the timeout (the call may still complete: ambiguous, so the
+        receipt becomes unknown) and this thread, once the handler returns, raises
+        Overtaken: its result is not recorded."""
+        deadline = time.monotonic() + timeout
+        if not self.call_permits.acquire(timeout=timeout):
+            # Every room is taken by calls still running, some past their own timeouts,
+            # and this call never started. Nothing was sent, so the receipt is abandoned
+            # with that evidence, not left unknown (and no late send can follow the retry).
+            log.warning(
+                "event=step.not_started handler_threads=%d timeout=%gs",
+                self.handler_threads,
+                timeout,
+            )
+            evidence = {"not_started": True, "reason": "every handler thread was busy"}
+            message = f"did not start within {timeout:g}s: every handler thread was busy"
+            return Invocation("not_applied", evidence, message, "timeout")
+        race = self.deadlines.watch(
+            deadline,
+            lambda: on_timeout(Invocation("error", {}, f"timed out after {timeout:g}s", "timeout")),
+        )
         try:
-            output = future.result(timeout=timeout)
+            call = self._call_handler(fn, params, ctx)
+        except LeaseLost:
+            if race.finish():
+                raise
+            raise Overtaken() from None
+        finally:
+            self.call_permits.release()
+        if not race.finish():
+            raise Overtaken()
+        return call
+
+    def _call_handler(self, fn: Handler, params: dict[str, Any], ctx: StepContext) -> Invocation:
+        """The handler's return or exception as an Invocation (LeaseLost raised)."""
+        try:
+            output = fn(params, ctx)
             return Invocation("ok", output if output is not None else {})
-        except cf.TimeoutError:
-            if future.cancel():
-                # Every handler thread is still busy with calls that overran their own
-                # timeouts, and this call never started. Cancelled, it never will: nothing
-                # was sent, so the receipt is abandoned with that evidence, not left unknown
-                # (and no late send can follow the retry).
-                log.warning(
-                    "event=step.not_started handler_threads=%d timeout=%gs",
-                    self.handler_threads,
-                    timeout,
-                )
-                evidence = {"not_started": True, "reason": "every handler thread was busy"}
-                message = f"did not start within {timeout:g}s: every handler thread was busy"
-                return Invocation("not_applied", evidence, message, "timeout")
-            # the call may still complete: ambiguous, so the receipt becomes unknown
-            return Invocation("error", {}, f"timed out after {timeout:g}s", "timeout")
         except StaleLease as exc:  # e.g. set_state found the lease gone
             raise LeaseLost(str(exc)) from None
         except NotApplied as exc:

@@ -4,6 +4,7 @@ and the two-round-trip budget of a guarded step."""
 from __future__ import annotations
 
 import re
+import sys
 import threading
 import time
 
@@ -252,7 +253,7 @@ def test_guarded_step_costs_two_round_trips(db_url, conn):
         ] * 3
     finally:
         r.pool.close()
-        r.handler_pool.shutdown()
+        r.deadlines.close()
     state = conn.execute("SELECT state::text FROM orch8.task_instances WHERE id = %s", (instance,))
     assert state.fetchone()[0] == "completed"
     with psycopg.connect(db_url) as check:
@@ -301,3 +302,94 @@ def test_a_call_that_never_started_is_abandoned_not_unknown(db_url, conn):
     assert never_id not in HUNG  # and it cannot run later: its future was cancelled
     errors = sorted(error for _, error in done.values())
     assert errors[0].startswith("did not start within 0.3s"), errors
+
+
+def _threads_in(function_name: str) -> list[str]:
+    """The names of the threads whose stack is inside this file's function of that name."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    found = []
+    for ident, frame in sys._current_frames().items():
+        f = frame
+        while f is not None:
+            if f.f_code.co_name == function_name and f.f_code.co_filename == __file__:
+                found.append(names.get(ident, "?"))
+                break
+            f = f.f_back
+    return found
+
+
+def _until(what, check, timeout=20.0):
+    ends = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > ends:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def test_a_handler_runs_on_its_instance_thread(db_url, conn):
+    """A step in flight costs one thread, not two: the handler runs on the thread of the
+    instance that calls it (orch8_py/deadlines.py). Four instances blocked in a handler:
+    the four threads in the handler are the instance threads, and no other thread waits
+    for them."""
+    seq = make_sequence(conn, [{"type": "step", "id": "charge", "handler": "test.hang"}])
+    HUNG.clear()
+    RELEASE.clear()
+    instances = [start(conn, seq, {}) for _ in range(4)]
+    try:
+        with running(db_url, concurrency=4):
+            _until("four calls", lambda: len(HUNG) == 4)
+            in_handler = _threads_in("hang")
+            assert len(in_handler) == 4 and all(n.startswith("instance") for n in in_handler)
+            instance_threads = [t for t in threading.enumerate() if t.name.startswith("instance")]
+            assert len(instance_threads) == 4, [t.name for t in instance_threads]
+            RELEASE.set()
+            done = wait_for(conn, instances)
+    finally:
+        RELEASE.set()
+    assert set(done.values()) == {("completed", None)}
+
+
+def test_a_handler_past_its_timeout_keeps_its_thread_and_the_instance_carries_on(db_url, conn):
+    """The deadline wins the call: the instance goes on from another thread (its receipt
+    unknown, the step failed) while the handler still holds its own, and the slot is free
+    for the next instance. When the handler returns at last, its result is dropped: the
+    receipt stays unknown and the thread ends."""
+    seq = make_sequence(
+        conn,
+        [
+            {
+                "type": "step",
+                "id": "charge",
+                "handler": "test.hang",
+                "timeout": 300,
+                "retry": {"max_attempts": 1},
+            }
+        ],
+    )
+    quick = make_sequence(conn, [{"type": "step", "id": "charge", "handler": "test.charge"}])
+    HUNG.clear()
+    RELEASE.clear()
+    hung = start(conn, seq, {})
+    try:
+        with running(db_url, concurrency=1) as r:
+            [(state, error)] = wait_for(conn, [hung], timeout=30).values()
+            assert (state, error) == ("failed", "timed out after 0.3s")
+            assert len(HUNG) == 1 and _threads_in("hang")  # still in the handler
+            nxt = start(conn, quick, {})
+            assert wait_for(conn, [nxt], timeout=30)[nxt] == ("completed", None)
+            RELEASE.set()
+            _until("the late handler's thread to end", lambda: not _threads_in("hang"))
+            with r.lock:
+                assert r.active == 0 and not r.inflight
+    finally:
+        RELEASE.set()
+    receipt = conn.execute(
+        "SELECT state::text, provider_receipt_id FROM orch8.effect_receipts WHERE instance_id = %s",
+        (hung,),
+    ).fetchone()
+    assert receipt == ("unknown", None)
+    late = conn.execute(
+        "SELECT count(*) FROM orch8.block_outputs WHERE instance_id = %s AND output::text LIKE %s",
+        (hung, "%late%"),
+    ).fetchone()[0]
+    assert late == 0
