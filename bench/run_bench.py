@@ -19,7 +19,8 @@ with orch8.claim_due_nodes, 256 at a time. Results go to bench/results/<UTC time
 and .md. Without DBOS installed (pip install -e '.[bench]') it says so and runs orch8
 alone.
 
-    python -m bench.run_bench --one-run --scenario NAME --instances N
+    python -m bench.run_bench --one-run --scenario NAME --instances N [--concurrency C]
+                              [--handler-seconds S]
 
 runs one orch8 scenario in this process and prints its figures as one JSON line.
 """
@@ -56,9 +57,15 @@ DEFAULT_SIZES = [2000, 10000]
 STALL_SECONDS = 120  # a run with no instance completing for this long has failed
 
 
+HANDLER_SECONDS = 0.0  # --handler-seconds: how long bench.effect waits, as on a provider
+
+
 @handler("bench.effect")
 def effect(params, ctx):
-    """Side-effecting (not a builtin), does nothing: measures the engine, not a provider."""
+    """Side-effecting (not a builtin), does nothing (or waits --handler-seconds): measures
+    the engine, not a provider."""
+    if HANDLER_SECONDS:
+        time.sleep(HANDLER_SECONDS)
     return {"receipt_id": str(ctx.effect_id)}
 
 
@@ -159,8 +166,10 @@ def run_scenario(
             thread.start()
             done = 0
             progressed = time.monotonic()
+            threads = 0
             while done < n:
                 time.sleep(0.1)
+                threads = max(threads, threading.active_count())
                 counts = sqlapi.benchmarks.run_counts(conn, tenant_id=TENANT, since=since)
                 if counts["completed"] > done:
                     progressed = time.monotonic()
@@ -209,6 +218,7 @@ def run_scenario(
                 "wal_fpi_share": None if wal is None else wal.fpi_bytes / max(wal.bytes, 1),
                 "server_wal_bytes_per_step": (wal_end - before.wal_bytes) / total_steps,
                 "peak_rss_mb": peak_rss_mb(),
+                "peak_threads": threads,  # sampled every 0.1 s
                 "polling_interval_s": poll_interval,
                 "concurrency": concurrency,
             }
@@ -435,6 +445,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--claim-clients", type=int, default=4)
     p.add_argument("--no-dbos", action="store_true", help="orch8 only")
     p.add_argument("--results", default=str(RESULTS), help=f"where to write (default {RESULTS})")
+    p.add_argument(
+        "--handler-seconds",
+        type=float,
+        default=0.0,
+        help="with --one-run: the guarded handler waits this long, as a slow provider would "
+        "(the runner's memory with that many calls in flight)",
+    )
     p.add_argument("--one-run", action="store_true", help=argparse.SUPPRESS)
     # --one-run in a database that exists (bench/history.py): its url and the sequence id
     p.add_argument("--existing", nargs=2, metavar=("URL", "SEQUENCE"), help=argparse.SUPPRESS)
@@ -451,6 +468,8 @@ def main(argv: list[str] | None = None) -> int:
         if len(sizes) != 1 or len(scenarios) != 1:
             p.error("--one-run takes one --scenario and one --instances")
         name = scenarios[0]
+        global HANDLER_SECONDS
+        HANDLER_SECONDS = args.handler_seconds
         result = run_scenario(
             url,
             name,
