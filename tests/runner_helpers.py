@@ -10,12 +10,25 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 from psycopg.types.json import Jsonb
 
 from orch8_py.runner import Runner, Settings
 
 TENANT = "t1"
+
+
+def wait_until(predicate: Any, timeout: float = 30.0, what: str = "the condition") -> Any:
+    """Call ``predicate`` until it returns something truthy (returned); fail after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def make_sequence(conn, blocks, name=None, invariants=None) -> uuid.UUID:

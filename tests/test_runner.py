@@ -13,7 +13,15 @@ import pytest
 
 from orch8_py.handlers import StepError, handler
 from orch8_py.runner import Runner, Settings
-from tests.runner_helpers import TENANT, make_sequence, running, start, store_sequence, wait_for
+from tests.runner_helpers import (
+    TENANT,
+    make_sequence,
+    running,
+    start,
+    store_sequence,
+    wait_for,
+    wait_until,
+)
 
 CALLS: list[tuple] = []
 FAIL_FIRST: dict[str, int] = {}
@@ -318,14 +326,6 @@ def _threads_in(function_name: str) -> list[str]:
     return found
 
 
-def _until(what, check, timeout=20.0):
-    ends = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > ends:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
 def test_a_handler_runs_on_its_instance_thread(db_url, conn):
     """A step in flight costs one thread, not two: the handler runs on the thread of the
     instance that calls it (orch8_py/deadlines.py). Four instances blocked in a handler:
@@ -337,7 +337,7 @@ def test_a_handler_runs_on_its_instance_thread(db_url, conn):
     instances = [start(conn, seq, {}) for _ in range(4)]
     try:
         with running(db_url, concurrency=4):
-            _until("four calls", lambda: len(HUNG) == 4)
+            wait_until(lambda: len(HUNG) == 4, 20, "four calls")
             in_handler = _threads_in("hang")
             assert len(in_handler) == 4 and all(n.startswith("instance") for n in in_handler)
             instance_threads = [t for t in threading.enumerate() if t.name.startswith("instance")]
@@ -378,7 +378,7 @@ def test_a_handler_past_its_timeout_keeps_its_thread_and_the_instance_carries_on
             nxt = start(conn, quick, {})
             assert wait_for(conn, [nxt], timeout=30)[nxt] == ("completed", None)
             RELEASE.set()
-            _until("the late handler's thread to end", lambda: not _threads_in("hang"))
+            wait_until(lambda: not _threads_in("hang"), 20, "the late handler's thread to end")
             with r.lock:
                 assert r.active == 0 and not r.inflight
     finally:

@@ -28,9 +28,9 @@ from psycopg.types.json import Jsonb
 from orch8_py import apikeys
 from tests.cli_helpers import assert_one_line_error, orch8_env, run_orch8
 from tests.http_provider import Provider
-from tests.runner_helpers import TENANT, make_sequence, running, start, wait_for
+from tests.runner_helpers import TENANT, make_sequence, running, start, wait_for, wait_until
 from tests.test_console import login
-from tests.worker_harness import RawWorker, serve, spawn_worker, stop, task_of, wait_until
+from tests.worker_harness import RawWorker, serve, spawn_worker, stop, task_of
 
 pytestmark = pytest.mark.timeout(240)
 

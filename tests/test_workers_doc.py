@@ -16,8 +16,8 @@ import pytest
 
 from orch8_py.migrate import sql_dir
 from tests.http_provider import Provider
-from tests.runner_helpers import make_sequence, running, start, wait_for
-from tests.worker_harness import serve, task_of, wait_until
+from tests.runner_helpers import make_sequence, running, start, wait_for, wait_until
+from tests.worker_harness import serve, task_of
 
 DOC = sql_dir().parent / "docs" / "WORKERS.md"
 pytestmark = pytest.mark.timeout(180)

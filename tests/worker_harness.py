@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -162,13 +161,3 @@ def task_of(conn: psycopg.Connection, instance: uuid.UUID, path: str = "charge")
     ]
     keys = ("id", "state", "claim_epoch", "worker_id", "attempt", "effect_id", "receipt", "result")
     return dict(zip(keys, row, strict=True)) | {"events": events}
-
-
-def wait_until(predicate: Any, timeout: float = 30.0, what: str = "the condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
