@@ -1,14 +1,12 @@
-"""A handler call racing its timeout, and the one thread that keeps every call's deadline.
+"""A handler call racing its timeout, and the one thread that keeps every deadline.
 
 Python cannot stop a thread, so a handler that overruns its timeout keeps the thread it
-runs on. The runner used to run each handler on a second pool's thread while the
-instance's thread waited for it: two threads per step in flight, half of the runner's
-memory at 5,000 in flight. Now the instance's thread runs the handler itself and a
-`Watchdog` keeps the deadlines (docs/ARCHITECTURE.md, "A handler runs on its instance's
-thread"). Whichever comes first wins the call, once: the handler's return (`Race.finish`)
+runs on. A `Watchdog` keeps the deadlines of every call in flight, and the timers of the
+instances waiting to retry a call (docs/ARCHITECTURE.md, "An instance waits without a
+thread"). Whichever comes first wins a call, once: the handler's return (`Race.finish`)
 or its deadline, on which the watchdog calls the call's `on_timeout` (the runner then
-carries the instance on from another thread, and the handler's thread ends when the
-handler returns).
+carries the instance on from a step thread, and the handler's thread drops the result
+when the handler returns).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Group commit: the runner's begin_step and finish_step calls from many instance threads,
+"""Group commit: the runner's begin_step and finish_step calls from many instances,
 sent to the database together (orch8.begin_steps, orch8.finish_steps): one round trip and
 one commit for all the calls waiting, instead of one each (docs/ARCHITECTURE.md, "Group
 commit").
@@ -7,14 +7,15 @@ Each kind of call has a few lanes (threads). A lane that is free sends every cal
 up to the limit step_batch, at once; calls that arrive while every lane is busy wait for
 the next free lane. Nothing waits on a timer: a call waits at most for the batches in
 flight to end, so an idle runner's step goes at once and a busy one's calls pile up into
-larger batches. A caller gets its own answer, or the exception its call raised (its
-subtransaction undone, the batch's other calls kept), or the exception that ended the
-whole batch (a lost connection), which it handles as before: begin_step and finish_step
-are safe to repeat under the same lease.
+larger batches. A caller (waiting, or called back) gets its own answer, or the exception
+its call raised (its subtransaction undone, the batch's other calls kept), or the
+exception that ended the whole batch (a lost connection), which it handles as before:
+begin_step and finish_step are safe to repeat under the same lease.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -22,19 +23,33 @@ from typing import Generic, TypeVar
 C = TypeVar("C")  # a call
 A = TypeVar("A")  # its answer
 
+log = logging.getLogger("orch8.runner")
+
 
 class _Slot(Generic[C, A]):
-    __slots__ = ("answer", "call", "done", "error")
+    __slots__ = ("answer", "call", "done", "error", "then")
 
-    def __init__(self, call: C) -> None:
+    def __init__(self, call: C, then: Callable[[A | None, BaseException | None], None] | None):
         self.call = call
         self.answer: A | None = None
         self.error: BaseException | None = None
-        # a lock taken now and released by the lane when the answer is in: a one-shot
-        # signal without an Event's Condition and waiter queue (about 1 kB per call waiting,
-        # with thousands of instance threads waiting at once)
-        self.done = threading.Lock()
-        self.done.acquire()
+        self.then = then  # called by the lane with the answer (submit), or:
+        # a lock taken now and released by the lane when the answer is in (call): a
+        # one-shot signal without an Event's Condition and waiter queue
+        self.done: threading.Lock | None = None
+        if then is None:
+            self.done = threading.Lock()
+            self.done.acquire()
+
+    def answered(self) -> None:
+        if self.then is None:
+            assert self.done is not None
+            self.done.release()
+            return
+        try:
+            self.then(self.answer, self.error)
+        except Exception:  # the lane goes on with the batch's other callers
+            log.exception("event=batch.callback_failed")
 
 
 class Closed(Exception):
@@ -71,16 +86,30 @@ class Batcher(Generic[C, A]):
 
     def call(self, call: C) -> A:
         """Send ``call`` with the next batch and wait for its answer."""
-        slot: _Slot[C, A] = _Slot(call)
+        slot: _Slot[C, A] = _Slot(call, None)
+        self._queue(slot)
+        assert slot.done is not None
+        slot.done.acquire()
+        if slot.error is not None:
+            raise slot.error
+        return slot.answer  # type: ignore[return-value]
+
+    def submit(self, call: C, then: Callable[[A | None, BaseException | None], None]) -> None:
+        """Send ``call`` with the next batch; the lane calls ``then(answer, None)``, or
+        ``then(None, exception)``, when it is in. Nothing waits meanwhile: the runner's
+        instances wait for their batch without a thread. After close, ``then`` gets
+        Closed at once."""
+        try:
+            self._queue(_Slot(call, then))
+        except Closed as exc:
+            then(None, exc)
+
+    def _queue(self, slot: _Slot[C, A]) -> None:
         with self.cv:
             if self.closed:
                 raise Closed("the runner is stopping")
             self.waiting.append(slot)
             self.cv.notify()
-        slot.done.acquire()
-        if slot.error is not None:
-            raise slot.error
-        return slot.answer  # type: ignore[return-value]
 
     def close(self) -> None:
         """Send what is waiting, then stop the lanes."""
@@ -111,11 +140,11 @@ class Batcher(Generic[C, A]):
             except BaseException as exc:  # the whole batch: every caller sees it
                 for s in batch:
                     s.error = exc
-                    s.done.release()
+                    s.answered()
                 continue
             for s, answer in zip(batch, answers, strict=True):
                 if isinstance(answer, Exception):
                     s.error = answer
                 else:
                     s.answer = answer
-                s.done.release()
+                s.answered()

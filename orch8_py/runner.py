@@ -6,12 +6,14 @@ only) and ``finish_step``. All state lives in PostgreSQL; the runner holds lease
 every write it makes carries the lease token, so a runner that lost its lease is
 refused (StaleLease) and stops quietly.
 
-Threads: the claim loop (the caller's), a pool of ``concurrency`` instance workers, a
-pool for handler calls (so a step can time out), a heartbeat thread extending the
-leases of in-flight instances, a listener that wakes the claim loop on
-NOTIFY orch8_work (polling every ``poll_interval`` stays as the fallback), the webhook
-deliverer, the verifier loop (orch8_py.verifier) settling unknown receipts, and the
-schedule loop (orch8_py.schedules) firing due cron schedules.
+Threads: the claim loop (the caller's); a few step threads that run the instances' code
+between waits (an instance waiting for its group-committed batch, or for a retry after a
+lost connection, holds no thread: docs/ARCHITECTURE.md, "An instance waits without a
+thread"); a thread per handler call in progress, racing its timeout (deadlines.py); a
+heartbeat thread extending the leases of in-flight instances; a listener that wakes the
+claim loop on NOTIFY orch8_work (polling every ``poll_interval`` stays as the fallback);
+the webhook deliverer, the verifier loop (orch8_py.verifier) settling unknown receipts, and
+the schedule loop (orch8_py.schedules) firing due cron schedules.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import datetime as dt
+import functools
 import json
 import logging
 import os
@@ -28,7 +31,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, TypeVar
 
@@ -86,7 +89,19 @@ CONNECTION_ERRORS = db.CONNECTION_LOST
 LOST_AFTER = 1.0
 # a call of a group-committed batch undone by these is simply sent again
 RETRY_IN_BATCH = ("40P01", "40001")  # deadlock detected, serialization failure
+# what a step's database call may meet and Runner._retry_after sorts out
+RETRIED: tuple[type[Exception], ...] = (
+    PoolClosed,
+    Closed,
+    StaleLease,
+    BatchedCallFailed,
+    *CONNECTION_ERRORS,
+)
+# Step threads with group commit: enough to keep the connection pool's calls (decisions,
+# children, definitions) going side by side; the instances' Python needs one core.
+STEP_THREADS = 8
 T = TypeVar("T")
+A = TypeVar("A")
 
 
 @dataclass
@@ -110,9 +125,46 @@ class LeaseLost(Exception):
     """Internal: the instance is no longer ours; stop working on it."""
 
 
-class Overtaken(Exception):
-    """Internal: a handler returned after its deadline, which carried the instance on
-    from another thread (deadlines.py); this thread stops."""
+class Wait(NamedTuple):
+    """What an instance's code yields to wait for a group-committed call's answer without
+    holding a thread: the answer (or its exception) comes back into the code on a step
+    thread."""
+
+    batcher: Batcher[Any, Any]
+    call: Any
+
+
+class Sleep(NamedTuple):
+    """Yielded to wait before a retry without holding a thread."""
+
+    seconds: float
+
+
+class HandlerCall(NamedTuple):
+    """Yielded to call a handler: it runs on a thread of its own, racing ``deadline``
+    (time.monotonic()); the Invocation comes back into the code."""
+
+    fn: Handler
+    params: dict[str, Any]
+    ctx: StepContext
+    timeout: float
+    deadline: float
+
+
+# An instance's code between its claim and its end: it yields what it waits for (Wait,
+# Sleep, HandlerCall) and gets the answer back (Runner._advance).
+Steps = Generator["Wait | Sleep | HandlerCall", Any, T]
+
+
+class InFlight:
+    """One claimed instance in flight: its code, suspended where it waits."""
+
+    __slots__ = ("code", "ended", "row")
+
+    def __init__(self, row: Claimed, code: Steps[None], ended: threading.Event | None = None):
+        self.row = row
+        self.code = code
+        self.ended = ended  # set when the code ends, for a caller waiting on it (tests)
 
 
 class LeaseTaken(LeaseLost):
@@ -168,12 +220,11 @@ class Runner:
         self.definitions: dict[tuple[str, uuid.UUID], StoredSequence] = {}
         self.definition_lock = threading.Lock()
         self.builtins: dict[str, bool] | None = None  # builtin name -> has side effects
-        # A handler runs on its instance's thread, racing its timeout (deadlines.py).
+        # A handler runs on a thread of its own, racing its timeout (deadlines.py).
         # Handler calls running at once, those that overran their timeout included, are
-        # at most twice the instance threads: a handler that overran keeps its thread
-        # (Python cannot kill one) while the instance carries on from another thread, and
-        # the spare room keeps steps flowing meanwhile. A call that finds no room within
-        # its timeout never starts.
+        # at most twice the slots: a handler that overran keeps its thread (Python cannot
+        # kill one) while the instance carries on, and the spare room keeps steps flowing
+        # meanwhile. A call that finds no room within its timeout never starts.
         self.handler_threads = s.concurrency * 2
         self.call_permits = threading.BoundedSemaphore(self.handler_threads)
         self.deadlines = Watchdog()
@@ -182,7 +233,18 @@ class Runner:
         self.backlog: collections.deque[Claimed] = collections.deque()
         self.active = 0  # instances holding a slot
         self.slot_freed = threading.Condition(self.lock)
-        self.workers: cf.ThreadPoolExecutor | None = None
+        # An instance's code runs on a step thread up to its next wait (Runner._advance):
+        # a few threads, since what they do between waits is Python and the connection
+        # pool's calls; without group commit every begin and finish is such a call, so
+        # one per slot. A handler call takes a thread of its own (room for the slots and
+        # the calls that overran their timeouts). Both make threads only as work needs.
+        self.stepping = cf.ThreadPoolExecutor(
+            min(s.concurrency, STEP_THREADS) if s.group_commit else s.concurrency,
+            thread_name_prefix="steps",
+        )
+        self.calling = cf.ThreadPoolExecutor(
+            s.concurrency + self.handler_threads, thread_name_prefix="instance"
+        )
         self.verifier: Verifier | None = None  # the verifier loop, while run() runs it
         # group commit: two lanes per kind keep both of a small machine's cores busy
         self.begins: Batcher[BeginCall, Outcome] | None = None
@@ -243,31 +305,45 @@ class Runner:
         return self._until_done(lambda: self._call(fn), stop_at)
 
     def _until_done(self, attempt: Callable[[], T], stop_at: float | None = None) -> T:
-        """Repeat a call (alone, or in a group-committed batch) across connection loss and,
-        in a batch, a deadlock or serialization failure that undid only that call.
-        begin_step and finish_step are safe to repeat under the same lease; a lost lease
-        surfaces as LeaseLost."""
+        """Repeat a call across connection loss (_retry_after says when)."""
         backoff = 0.1
         while True:
             try:
                 return attempt()
-            except (PoolClosed, Closed):
-                # The runner stopped while this step outlived the grace period: its lease
-                # runs out and the next runner settles the receipt. Retrying would never end.
-                raise LeaseLost("the runner stopped before the step finished") from None
-            except StaleLease as exc:
-                raise LeaseTaken(str(exc)) from None
-            except BatchedCallFailed as exc:
-                if exc.sqlstate not in RETRY_IN_BATCH:
-                    raise
-                reason: Exception = exc
-            except CONNECTION_ERRORS as exc:
-                reason = exc
-            if stop_at is not None and time.monotonic() > stop_at:
-                raise LeaseLost(f"gave up after connection loss: {reason}")
-            log.warning("event=runner.db_retry error=%r retry_in=%.1fs", str(reason)[:200], backoff)
+            except RETRIED as exc:
+                self._retry_after(exc, backoff, stop_at)
             time.sleep(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF)
+
+    def _batched(self, batcher: Batcher[Any, A], call: Any) -> Steps[A]:
+        """A call sent with the next group-committed batch, repeated as _until_done does;
+        the instance waits for the answer, and between retries, without a thread."""
+        backoff = 0.1
+        while True:
+            try:
+                return (yield Wait(batcher, call))  # type: ignore[no-any-return]
+            except RETRIED as exc:
+                self._retry_after(exc, backoff, None)
+            yield Sleep(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF)
+
+    def _retry_after(self, exc: Exception, backoff: float, stop_at: float | None) -> None:
+        """Raise what ends a call that failed with ``exc``, or log its retry. Repeated: a
+        call (alone, or in a group-committed batch) that met connection loss and, in a
+        batch, a deadlock or serialization failure that undid only that call. begin_step
+        and finish_step are safe to repeat under the same lease; a lost lease surfaces as
+        LeaseLost."""
+        if isinstance(exc, (PoolClosed, Closed)):
+            # The runner stopped while this step outlived the grace period: its lease
+            # runs out and the next runner settles the receipt. Retrying would never end.
+            raise LeaseLost("the runner stopped before the step finished") from None
+        if isinstance(exc, StaleLease):
+            raise LeaseTaken(str(exc)) from None
+        if isinstance(exc, BatchedCallFailed) and exc.sqlstate not in RETRY_IN_BATCH:
+            raise exc
+        if stop_at is not None and time.monotonic() > stop_at:
+            raise LeaseLost(f"gave up after connection loss: {exc}")
+        log.warning("event=runner.db_retry error=%r retry_in=%.1fs", str(exc)[:200], backoff)
 
     def _builtins(self) -> dict[str, bool]:
         if self.builtins is None:
@@ -389,11 +465,6 @@ class Runner:
             )
         for t in helpers:
             t.start()
-        # Room for the instances' slots and for the threads that handlers which overran
-        # their timeout keep (call_permits); threads are made only as work needs them.
-        self.workers = cf.ThreadPoolExecutor(
-            s.concurrency + self.handler_threads, thread_name_prefix="instance"
-        )
         backoff = 0.1
         while not stop.is_set():
             self.ticks += 1
@@ -460,8 +531,7 @@ class Runner:
 
     def _start_waiting(self) -> None:
         """Give free slots to claimed instances, oldest claim first. Takes ``lock``; the
-        threads start outside it (a new thread's first step would wait for it)."""
-        assert self.workers is not None
+        instances start outside it (their first step would wait for it)."""
         with self.lock:
             starting = []
             while self.backlog and (
@@ -470,44 +540,74 @@ class Runner:
                 starting.append(self.backlog.popleft())
                 self.active += 1
         for row in starting:
-            self.workers.submit(self._instance_thread, row, None, None)
+            self.stepping.submit(self._advance, InFlight(row, self._instance(row)))
 
-    def _instance_thread(
-        self,
-        row: Claimed,
-        progress: dict[str, Any] | None,
-        first: Callable[[], Finished] | None,
+    def _advance(
+        self, inflight: InFlight, answer: Any = None, error: BaseException | None = None
     ) -> None:
-        while self._run_instance(row, progress, first):
-            with self.lock:
-                # the next claimed instance runs on this thread and slot: a new pool task
-                # would find this thread still busy and make another one
-                after = self.backlog.popleft() if self.backlog else None
-                if after is None:
-                    self.active -= 1
-                    self.slot_freed.notify_all()
-            self.wake.set()  # room for more claimed instances: the loop may claim
-            if after is None:
-                return
-            row, progress, first = after, None, None
+        """Run an instance's code on this thread, from where it waited (with ``answer`` or
+        ``error``) to its next wait, which is then handed over: to a batch whose lane calls
+        back, to the watchdog's timer, or to a handler's thread. When the code ends, the
+        next claimed instance takes the slot and starts here."""
+        while True:
+            try:
+                if error is not None:
+                    wanted = inflight.code.throw(error)
+                else:
+                    wanted = inflight.code.send(answer)
+            except StopIteration:
+                if inflight.ended is not None:
+                    inflight.ended.set()
+                    return
+                with self.lock:
+                    row = self.backlog.popleft() if self.backlog else None
+                    if row is None:
+                        self.active -= 1
+                        self.slot_freed.notify_all()
+                self.wake.set()  # room for more claimed instances: the loop may claim
+                if row is None:
+                    return
+                inflight, answer, error = InFlight(row, self._instance(row)), None, None
+                continue
+            if isinstance(wanted, Wait):
+                wanted.batcher.submit(wanted.call, functools.partial(self._resume, inflight))
+            elif isinstance(wanted, Sleep):
+                self.deadlines.watch(
+                    time.monotonic() + wanted.seconds, functools.partial(self._resume, inflight)
+                )
+            else:
+                self.calling.submit(self._call_then_advance, inflight, wanted)
+            return
 
-    def _carry_on(
-        self, row: Claimed, progress: dict[str, Any], after: Callable[[Invocation], Finished]
-    ) -> Callable[[Invocation], None]:
-        """What a handler's deadline does: carry the instance on from another thread
-        with the timeout as the call's result, keeping its slot (the handler's thread
-        stays with the handler until it returns, then ends: Overtaken)."""
+    def _resume(
+        self, inflight: InFlight, answer: Any = None, error: BaseException | None = None
+    ) -> None:
+        """Carry an instance on from where it waited, on a step thread."""
+        try:
+            self.stepping.submit(self._advance, inflight, answer, error)
+        except RuntimeError:  # the runner stopped past its grace period: the lease runs out
+            log.warning(
+                "event=instance.stranded tenant=%s instance=%s",
+                inflight.row.tenant_id,
+                inflight.row.id,
+            )
 
-        def on_timeout(call: Invocation) -> None:
-            assert self.workers is not None
-            self.workers.submit(self._instance_thread, row, progress, lambda: after(call))
+    def _call_then_advance(self, inflight: InFlight, call: HandlerCall) -> None:
+        """A handler's thread: the call, then the instance's code up to its next wait,
+        unless the deadline took the call (the watchdog carried the instance on)."""
+        got = self._invoke(inflight, call)
+        if got is not None:
+            self._advance(inflight, *got)
 
-        return on_timeout
+    def _run_instance(self, row: Claimed) -> None:
+        """Run one claimed instance to its end, on the runner's threads (tests)."""
+        ended = threading.Event()
+        self.stepping.submit(self._advance, InFlight(row, self._instance(row), ended))
+        ended.wait()
 
     def _drain(self) -> None:
         """Finish in-flight steps within the grace period; instances between steps hand
         their lease back (``_run_instance`` checks ``draining``)."""
-        assert self.workers is not None
         self.draining.set()
         ends = time.monotonic() + self.settings.grace
         self._start_waiting()  # the claimed ones waiting for a slot hand back at once
@@ -524,7 +624,8 @@ class Runner:
                 "event=runner.drain_timeout still_running=%d (their leases will expire)",
                 self.stranded,
             )
-        self.workers.shutdown(wait=False, cancel_futures=True)
+        self.stepping.shutdown(wait=False, cancel_futures=True)
+        self.calling.shutdown(wait=False, cancel_futures=True)
 
     def _listen(self, stop: threading.Event) -> None:
         backoff = 0.1
@@ -576,24 +677,10 @@ class Runner:
 
     # --- one chain of nodes ---------------------------------------------------------
 
-    def _run_instance(
-        self,
-        row: Claimed,
-        progress: dict[str, Any] | None = None,
-        first: Callable[[], Finished] | None = None,
-    ) -> bool:
-        """Run the instance's nodes; False if a handler's deadline passed meanwhile and
-        another thread carried the instance on (it then owns the instance)."""
+    def _instance(self, row: Claimed) -> Steps[None]:
+        """An instance's code from its claim to where this runner lets it go."""
         try:
-            self._steps(row, progress, first)
-        except Overtaken:
-            log.warning(
-                "event=step.returned_late tenant=%s instance=%s (after its timeout:"
-                " its result was not recorded)",
-                row.tenant_id,
-                row.id,
-            )
-            return False
+            yield from self._steps(row)
         except LeaseLost as exc:
             metrics.lease_lost()
             log.info(
@@ -608,25 +695,16 @@ class Runner:
             )
         with self.lock:
             self.inflight.pop(row.lease_token, None)
-        return True
 
-    def _steps(
-        self,
-        row: Claimed,
-        progress: dict[str, Any] | None = None,
-        first: Callable[[], Finished] | None = None,
-    ) -> None:
+    def _steps(self, row: Claimed) -> Steps[None]:
         """Run the claimed node, then each node the database hands over under the same
         lease (the next step of the same list, a branch, a composite asking for a value),
-        until none is left for this runner. ``first``, when set, ends a step begun on a
-        thread its handler kept (``_carry_on``); ``progress`` is then that thread's."""
+        until none is left for this runner."""
         sequence = self.definition(row.tenant_id, row.sequence_id)
-        progress = dict(row.progress or {}) if progress is None else progress
+        progress = dict(row.progress or {})
         node: Node | None = row.node
         while node is not None:
-            if first is not None:
-                done, first = first(), None
-            elif self.draining.is_set():
+            if self.draining.is_set():
                 self._hand_back(row)
                 return
             elif node.kind in ("loop", "for_each", "router"):
@@ -636,7 +714,7 @@ class Runner:
             elif node.kind == "wait_for_input":
                 done = self._input(row, sequence, node, progress)
             else:
-                done = self._step(row, node_block(sequence, node), node, progress)
+                done = yield from self._step(row, node_block(sequence, node), node, progress)
             if done.progress is not None:
                 progress = dict(done.progress)
             node = done.next
@@ -645,21 +723,21 @@ class Runner:
 
     def _step(
         self, row: Claimed, block: dict[str, Any], node: Node, progress: dict[str, Any]
-    ) -> Finished:
+    ) -> Steps[Finished]:
         """One step: check it can run here, evaluate its when, render its params, begin it
         (receipt before dispatch), call the handler, finish it. ``progress`` gains its
         output."""
         path, attempt = node.path, node.attempt
         where = f"tenant={row.tenant_id} instance={row.id} block={path} attempt={attempt}"
         if node.worker_result is not None:
-            return self._worker_result(row, block, node, progress, where)
+            return (yield from self._worker_result(row, block, node, progress, where))
         fn, problem = self._handler_of(block)
         # a handler this runner has not loaded may be served by external workers:
         # begin_step decides (it fails the step before any receipt when none serve it)
         remote = fn is None and self._maybe_remote(block)
         if fn is None and not remote:
             log.warning("event=step.not_runnable %s reason=%r", where, problem)
-            return self._fail(row, path, attempt, problem)
+            return (yield from self._fail(row, path, attempt, problem))
         name = block["handler"]
         outputs = outputs_seen_from(progress, path)
         if node.kind == "step" and isinstance(block.get("when"), str):
@@ -670,17 +748,11 @@ class Runner:
                     roots(node.vars),
                 )
             except ExpressionError as exc:
-                return self._fail(row, path, attempt, f"block {path!r}: when: {exc}")
+                return (yield from self._fail(row, path, attempt, f"block {path!r}: when: {exc}"))
             if not truthy(value):
                 log.info("event=step.skipped %s when=%r", where, block["when"])
-                return self._finish(
-                    row,
-                    path,
-                    attempt,
-                    None,
-                    Invocation("skipped", {"when": block["when"], "value": value}),
-                    None,
-                )
+                skipped = Invocation("skipped", {"when": block["when"], "value": value})
+                return (yield from self._finish(row, path, attempt, None, skipped, None))
         try:
             params = render_params(
                 block.get("params") or {},
@@ -688,11 +760,11 @@ class Runner:
                 node.vars,
             )
         except TemplateError as exc:
-            return self._fail(row, path, attempt, f"block {path!r}: {exc}")
+            return (yield from self._fail(row, path, attempt, f"block {path!r}: {exc}"))
 
         effect_id = idempotency_key = None
         if self.has_side_effects(name):
-            began = self._begin(
+            began = yield from self._begin(
                 row, path, name, params, attempt, not_runnable=problem if remote else None
             )
             if began.outcome == "stopped":  # its branch was cancelled, or a pause/cancel
@@ -725,7 +797,7 @@ class Runner:
             # cannot happen (begin_step queues what workers serve and fails the rest), but
             # if it did, nothing was sent: settle the receipt so, never leave it dispatched
             call = Invocation("not_applied", {"not_sent": problem}, problem, retryable=False)
-            return self._finish(row, path, attempt, effect_id, call, None)
+            return (yield from self._finish(row, path, attempt, effect_id, call, None))
 
         timeout = float(block.get("timeout", DEFAULT_STEP_TIMEOUT * 1000)) / 1000
         ctx = StepContext(
@@ -744,36 +816,31 @@ class Runner:
         )
         metrics.step_started(name, effect_id is not None)
         started = time.monotonic()
-
-        def after(call: Invocation) -> Finished:
-            """Record what the call came to: on this thread, or on another one if the
-            handler's deadline passed first (_carry_on)."""
-            if call.result == "ok" and isinstance(block.get("output_schema"), dict):
-                call = checked_output(call, block["output_schema"])
-            with self.lock:
-                self.steps_run += 1
-            if effect_id is not None:
-                fault_point("before_finish", path)
-            retry_in = None
-            if call.result in ("error", "not_applied"):
-                retry_in = self._retry_delay(row, block, node, outputs, attempt, call)
-            done = self._finish(row, path, attempt, effect_id, call, retry_in)
-            metrics.step_finished(name, call.result, done.state, time.monotonic() - started)
-            log.info(
-                "event=step.done %s handler=%s effect=%s result=%s state=%s ms=%d%s",
-                where,
-                name,
-                effect_id,
-                call.result,
-                done.state,
-                (time.monotonic() - started) * 1000,
-                f" error={call.error!r}" if call.error else "",
-            )
-            if call.result == "ok":
-                progress[path] = {"attempt": attempt, "sentinel": None, "output": call.output}
-            return done
-
-        return after(self._invoke(fn, params, ctx, timeout, self._carry_on(row, progress, after)))
+        call = yield HandlerCall(fn, params, ctx, timeout, started + timeout)
+        if call.result == "ok" and isinstance(block.get("output_schema"), dict):
+            call = checked_output(call, block["output_schema"])
+        with self.lock:
+            self.steps_run += 1
+        if effect_id is not None:
+            fault_point("before_finish", path)
+        retry_in = None
+        if call.result in ("error", "not_applied"):
+            retry_in = self._retry_delay(row, block, node, outputs, attempt, call)
+        done = yield from self._finish(row, path, attempt, effect_id, call, retry_in)
+        metrics.step_finished(name, call.result, done.state, time.monotonic() - started)
+        log.info(
+            "event=step.done %s handler=%s effect=%s result=%s state=%s ms=%d%s",
+            where,
+            name,
+            effect_id,
+            call.result,
+            done.state,
+            (time.monotonic() - started) * 1000,
+            f" error={call.error!r}" if call.error else "",
+        )
+        if call.result == "ok":
+            progress[path] = {"attempt": attempt, "sentinel": None, "output": call.output}
+        return done
 
     def _worker_result(
         self,
@@ -782,7 +849,7 @@ class Runner:
         node: Node,
         progress: dict[str, Any],
         where: str,
-    ) -> Finished:
+    ) -> Steps[Finished]:
         """An external worker's failure or timeout (its receipt settled when it was
         reported): decided by the step's retry policy, as the runner's own handler's
         failure is, and recorded with finish_step."""
@@ -797,7 +864,7 @@ class Runner:
         outputs = outputs_seen_from(progress, node.path)
         retry_in = self._retry_delay(row, block, node, outputs, node.attempt, call)
         effect_id = uuid.UUID(str(result["effect_id"]))
-        done = self._finish(row, node.path, node.attempt, effect_id, call, retry_in)
+        done = yield from self._finish(row, node.path, node.attempt, effect_id, call, retry_in)
         log.info(
             "event=step.worker_result %s task=%s effect=%s result=%s state=%s retry_in=%s error=%r",
             where,
@@ -1052,7 +1119,7 @@ class Runner:
         params: dict[str, Any],
         attempt: int,
         not_runnable: str | None = None,
-    ) -> sqlapi.steps.Outcome:
+    ) -> Steps[Outcome]:
         call = BeginCall(
             tenant_id=row.tenant_id,
             instance_id=row.id,
@@ -1063,9 +1130,8 @@ class Runner:
             attempt=attempt,
             not_runnable=not_runnable,
         )
-        begins = self.begins
-        if begins is not None:
-            return self._until_done(lambda: begins.call(call))
+        if self.begins is not None:
+            return (yield from self._batched(self.begins, call))
         return self._call_until_done(lambda c: sqlapi.steps.begin_step(c, **vars(call)))
 
     def _finish(
@@ -1076,7 +1142,7 @@ class Runner:
         effect_id: uuid.UUID | None,
         call: Invocation,
         retry_in: dt.timedelta | None,
-    ) -> Finished:
+    ) -> Steps[Finished]:
         lost = None
         if effect_id is not None:
             lost = LostReceipt(
@@ -1102,10 +1168,9 @@ class Runner:
             retry_in=retry_in,
             error_code=call.code,
         )
-        finishes = self.finishes
         try:
-            if finishes is not None:
-                done = self._until_done(lambda: finishes.call(finish))
+            if self.finishes is not None:
+                done = yield from self._batched(self.finishes, finish)
             else:
                 done = self._call_until_done(lambda c: sqlapi.steps.finish_step(c, **vars(finish)))
         except LeaseTaken:
@@ -1165,52 +1230,50 @@ class Runner:
             self._keep_lost_receipts(items, "begin_step and finish_step were lost")
         log.info("event=runner.receipts_rechecked count=%d", len(items))
 
-    def _fail(self, row: Claimed, block_id: str, attempt: int, message: str) -> Finished:
+    def _fail(self, row: Claimed, block_id: str, attempt: int, message: str) -> Steps[Finished]:
         """Fail the instance for a reason found before any handler ran (no effect)."""
-        return self._finish(
-            row, block_id, attempt, None, Invocation("error", {}, message, retryable=False), None
-        )
+        call = Invocation("error", {}, message, retryable=False)
+        return (yield from self._finish(row, block_id, attempt, None, call, None))
 
     def _invoke(
-        self,
-        fn: Handler,
-        params: dict[str, Any],
-        ctx: StepContext,
-        timeout: float,
-        on_timeout: Callable[[Invocation], None],
-    ) -> Invocation:
-        """Run a handler on this thread with its timeout. If the deadline passes first,
-        ``on_timeout`` gets the timeout (the call may still complete: ambiguous, so the
-        receipt becomes unknown) and this thread, once the handler returns, raises
-        Overtaken: its result is not recorded."""
-        deadline = time.monotonic() + timeout
-        if not self.call_permits.acquire(timeout=timeout):
+        self, inflight: InFlight, call: HandlerCall
+    ) -> tuple[Invocation | None, BaseException | None] | None:
+        """Run a handler on this thread, racing its deadline: its Invocation (or the
+        LeaseLost it raised) for the instance's code, or None if the deadline came first.
+        The watchdog then carried the instance on with the timeout (the call may still
+        complete: ambiguous, so the receipt becomes unknown) and the result, when the
+        handler returns, is dropped."""
+        if not self.call_permits.acquire(timeout=max(call.deadline - time.monotonic(), 0)):
             # Every room is taken by calls still running, some past their own timeouts,
             # and this call never started. Nothing was sent, so the receipt is abandoned
             # with that evidence, not left unknown (and no late send can follow the retry).
             log.warning(
                 "event=step.not_started handler_threads=%d timeout=%gs",
                 self.handler_threads,
-                timeout,
+                call.timeout,
             )
             evidence = {"not_started": True, "reason": "every handler thread was busy"}
-            message = f"did not start within {timeout:g}s: every handler thread was busy"
-            return Invocation("not_applied", evidence, message, "timeout")
-        race = self.deadlines.watch(
-            deadline,
-            lambda: on_timeout(Invocation("error", {}, f"timed out after {timeout:g}s", "timeout")),
-        )
+            message = f"did not start within {call.timeout:g}s: every handler thread was busy"
+            return Invocation("not_applied", evidence, message, "timeout"), None
+        timed_out = Invocation("error", {}, f"timed out after {call.timeout:g}s", "timeout")
+        race = self.deadlines.watch(call.deadline, lambda: self._resume(inflight, timed_out))
+        got: tuple[Invocation | None, BaseException | None]
         try:
-            call = self._call_handler(fn, params, ctx)
-        except LeaseLost:
-            if race.finish():
-                raise
-            raise Overtaken() from None
+            got = self._call_handler(call.fn, call.params, call.ctx), None
+        except LeaseLost as exc:
+            got = None, exc
         finally:
             self.call_permits.release()
-        if not race.finish():
-            raise Overtaken()
-        return call
+        if race.finish():
+            return got
+        log.warning(
+            "event=step.returned_late tenant=%s instance=%s block=%s (after its timeout:"
+            " its result was not recorded)",
+            call.ctx.tenant_id,
+            call.ctx.instance_id,
+            call.ctx.block_id,
+        )
+        return None
 
     def _call_handler(self, fn: Handler, params: dict[str, Any], ctx: StepContext) -> Invocation:
         """The handler's return or exception as an Invocation (LeaseLost raised)."""

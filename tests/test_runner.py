@@ -327,10 +327,9 @@ def _threads_in(function_name: str) -> list[str]:
 
 
 def test_a_handler_runs_on_its_instance_thread(db_url, conn):
-    """A step in flight costs one thread, not two: the handler runs on the thread of the
-    instance that calls it (orch8_py/deadlines.py). Four instances blocked in a handler:
-    the four threads in the handler are the instance threads, and no other thread waits
-    for them."""
+    """A step in flight costs one thread, not two: the handler's (orch8_py/deadlines.py).
+    Four instances blocked in a handler: the four threads in the handler are the only
+    instance threads, and no other thread waits for them."""
     seq = make_sequence(conn, [{"type": "step", "id": "charge", "handler": "test.hang"}])
     HUNG.clear()
     RELEASE.clear()
@@ -346,6 +345,34 @@ def test_a_handler_runs_on_its_instance_thread(db_url, conn):
             done = wait_for(conn, instances)
     finally:
         RELEASE.set()
+    assert set(done.values()) == {("completed", None)}
+
+
+def test_instances_waiting_for_their_batch_hold_no_thread(db_url, conn):
+    """200 instances in flight, every one waiting for its begin_step batch (held back by
+    a lock on the receipts' table): the runner holds them with a handful of threads, not
+    one each (docs/ARCHITECTURE.md, "An instance waits without a thread"). Once the lock
+    goes, every one completes."""
+    seq = make_sequence(conn, [{"type": "step", "id": "charge", "handler": "test.charge"}])
+    instances = [start(conn, seq, {}) for _ in range(200)]
+    with psycopg.connect(db_url) as blocker:
+        blocker.execute("LOCK TABLE orch8.effect_receipts IN SHARE MODE")
+        with running(db_url, concurrency=200) as r:
+            try:
+                wait_until(lambda: r.active == 200, 20, "200 instances in flight")
+                assert r.begins is not None
+                wait_until(
+                    lambda: r.begins.calls + len(r.begins.waiting) == 200,
+                    20,
+                    "200 begin_step calls sent or queued",
+                )
+                threads = [t.name for t in threading.enumerate()]
+                runner_threads = [n for n in threads if n.startswith(("steps", "instance"))]
+                assert len(runner_threads) <= 8, runner_threads
+                assert not _threads_in("charge")
+            finally:
+                blocker.rollback()
+            done = wait_for(conn, instances)
     assert set(done.values()) == {("completed", None)}
 
 
