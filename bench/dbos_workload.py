@@ -33,7 +33,6 @@ import argparse
 import concurrent.futures as cf
 import json
 import os
-import resource
 import sys
 import time
 import uuid
@@ -44,6 +43,7 @@ import sqlalchemy as sa
 from dbos import DBOS, DBOSClient
 from psycopg import conninfo
 
+from bench.measure import own_cpu_seconds, peak_rss_mb, percentile, server_cpu_seconds
 from orch8_py import sqlapi
 from tests import pgserver
 
@@ -96,24 +96,6 @@ def sqlalchemy_url(admin_url: str, dbname: str) -> str:
     return url.render_as_string(hide_password=False)
 
 
-def percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident set. VmHWM, not ru_maxrss: Linux carries ru_maxrss
-    over fork and exec, so a child would report at least its parent's size."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass  # not Linux
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def enqueue_all(url: str, workflow: str, n: int, concurrency: int, polling: float) -> float:
     """Register the queue and enqueue ``n`` workflows with no executor running; seconds."""
     t0 = time.perf_counter()
@@ -153,6 +135,7 @@ def run(admin_url: str, scenario: str, n: int, concurrency: int, polling: float)
             before = sqlapi.benchmarks.counters(conn)
             DBOS(config={"name": APP, "system_database_url": url, "log_level": "WARNING"})
             t0 = time.perf_counter()
+            cpu0, server_cpu0 = own_cpu_seconds(), server_cpu_seconds()
             DBOS.launch()
             launch_s = time.perf_counter() - t0
             done = 0
@@ -171,6 +154,7 @@ def run(admin_url: str, scenario: str, n: int, concurrency: int, polling: float)
                         f"no progress for {STALL_SECONDS} s at {done}/{n} in {scenario}"
                     )
             elapsed = time.perf_counter() - t0
+            cpu, server_cpu = own_cpu_seconds() - cpu0, server_cpu_seconds()
             wal_end = sqlapi.benchmarks.wal_position(conn)
             DBOS.destroy()
             wait_for_sessions_to_end(conn)  # a backend flushes its statistics as it exits
@@ -204,6 +188,10 @@ def run(admin_url: str, scenario: str, n: int, concurrency: int, polling: float)
         "wal_fpi_share": None if wal is None else wal.fpi_bytes / max(wal.bytes, 1),
         "server_wal_bytes_per_step": (wal_end - before.wal_bytes) / total_steps,
         "peak_rss_mb": peak_rss_mb(),
+        "engine_cpu_ms_per_step": cpu * 1000 / total_steps,
+        "server_cpu_ms_per_step": None
+        if server_cpu is None or server_cpu0 is None
+        else (server_cpu - server_cpu0) * 1000 / total_steps,
         "polling_interval_s": polling,
         "concurrency": concurrency,
     }

@@ -33,7 +33,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,7 @@ from typing import Any
 
 import psycopg
 
+from bench.measure import own_cpu_seconds, peak_rss_mb, percentile, server_cpu_seconds
 from orch8_py import config, migrate, sqlapi
 from orch8_py.handlers import handler
 from orch8_py.runner import Runner, Settings
@@ -86,25 +86,9 @@ COLUMNS = [
     ("commits_per_step", "commits/step", "{:.2f}"),
     ("wal_bytes_per_step", "WAL B/step", "{:.0f}"),
     ("peak_rss_mb", "RSS MB", "{:.0f}"),
+    ("engine_cpu_ms_per_step", "engine CPU ms/step", "{:.2f}"),
+    ("server_cpu_ms_per_step", "PG CPU ms/step", "{:.2f}"),
 ]
-
-
-def percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident set. VmHWM, not ru_maxrss: Linux carries ru_maxrss
-    over fork and exec, so a child would report at least its parent's size."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass  # not Linux
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def wait_for_sessions_to_end(conn: psycopg.Connection[Any], timeout: float = 10.0) -> None:
@@ -162,6 +146,7 @@ def run_scenario(
             runner = Runner(url, Settings(concurrency=concurrency, poll_interval=poll_interval))
             stop = threading.Event()
             t0 = time.perf_counter()
+            cpu0, server_cpu0 = own_cpu_seconds(), server_cpu_seconds()
             thread = threading.Thread(target=runner.run, args=(stop,), daemon=True)
             thread.start()
             done = 0
@@ -184,6 +169,7 @@ def run_scenario(
                 if progress:
                     print(f"\r  {name}: {done}/{n} completed", end="", flush=True)
             elapsed = time.perf_counter() - t0
+            cpu, server_cpu = own_cpu_seconds() - cpu0, server_cpu_seconds()
             wal_end = sqlapi.benchmarks.wal_position(conn)
             stop.set()
             thread.join(timeout=30)
@@ -219,6 +205,10 @@ def run_scenario(
                 "server_wal_bytes_per_step": (wal_end - before.wal_bytes) / total_steps,
                 "peak_rss_mb": peak_rss_mb(),
                 "peak_threads": threads,  # sampled every 0.1 s
+                "engine_cpu_ms_per_step": cpu * 1000 / total_steps,
+                "server_cpu_ms_per_step": None
+                if server_cpu is None or server_cpu0 is None
+                else (server_cpu - server_cpu0) * 1000 / total_steps,
                 "polling_interval_s": poll_interval,
                 "concurrency": concurrency,
             }
@@ -404,11 +394,11 @@ def table(summary: list[dict], with_dbos: bool) -> str:
 
     for s in summary:
         o, d = s["orch8"], s.get("dbos")
-        row(s["instances"], s["scenario"], "orch8", [cell(o[k], f) for k, _, f in COLUMNS])
+        row(s["instances"], s["scenario"], "orch8", [cell(o.get(k), f) for k, _, f in COLUMNS])
         if with_dbos and d is not None:
-            row("", "", "DBOS", [cell(d[k], f) for k, _, f in COLUMNS])
+            row("", "", "DBOS", [cell(d.get(k), f) for k, _, f in COLUMNS])
             ratios = [
-                cell(o[k] / d[k] if o[k] is not None and d[k] else None, "{:.2f}")
+                cell(o[k] / d[k] if o.get(k) is not None and d.get(k) else None, "{:.2f}")
                 for k, _, _ in COLUMNS
             ]
             row("", "", "orch8/DBOS", ratios)

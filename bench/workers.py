@@ -24,17 +24,13 @@ from pathlib import Path
 
 import psycopg
 
+from bench.measure import percentile
 from orch8_py import migrate, sqlapi
 from tests import pgserver
 from tests.runner_helpers import TENANT, running, wait_for
 from tests.worker_harness import serve, spawn_worker, stop
 
 HANDLER_MODULE = "bench.worker_noop"
-
-
-def percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def main(argv: list[str] | None = None) -> int:
