@@ -84,11 +84,16 @@ def sqlalchemy_url(admin_url: str, dbname: str) -> str:
     the SQLAlchemy URL DBOS takes."""
     params = conninfo.conninfo_to_dict(admin_url)
     port = params.pop("port", None)
+    host = params.pop("host", None)
+    if isinstance(host, str) and host.startswith("/"):
+        # a socket directory (the embedded server's) goes in the query: as the URL's host
+        # SQLAlchemy renders it into the path, and DBOS found another server
+        params["host"], host = host, None
     url = sa.engine.URL.create(
         "postgresql+psycopg",
         username=params.pop("user", None),
         password=params.pop("password", None),
-        host=params.pop("host", None),
+        host=host,
         port=int(port) if port else None,
         database=dbname,
         query={k: str(v) for k, v in params.items() if k != "dbname"},

@@ -110,7 +110,7 @@ def test_the_history_bench_copies_whole_instances(tmp_path, admin_url):
     result = json.loads(result.read_text())
     assert result["history"]["instances"] == 3000
     assert [len(result["runs"][side]) for side in ("empty", "history")] == [1, 1]
-    url = admin_url.rsplit("/", 1)[0] + "/" + name
+    url = pgserver.with_dbname(admin_url, name)
     try:
         with psycopg.connect(url, autocommit=True) as conn:
             counts = dict(
