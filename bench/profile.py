@@ -2,7 +2,7 @@
 calls and time counted (track_functions = all), printed per step.
 
     python -m bench.profile [--scenario "3-step effect"] [--instances 2000]
-                            [--concurrency 32] [--top 25]
+                            [--concurrency 128] [--top 25]
 
 Self time is a function's own work, without the functions it calls; total time includes
 them, and lock waits inside either. Counting costs a little itself (a clock read per
@@ -19,7 +19,7 @@ import sys
 import psycopg
 
 from bench import run_bench
-from orch8_py import sqlapi
+from orch8_py import config, sqlapi
 from tests import pgserver
 
 
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scenario", default="3-step effect", choices=sorted(run_bench.SCENARIOS))
     p.add_argument("--instances", type=int, default=2000)
-    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--concurrency", type=int, default=config.DEFAULT_CONCURRENCY)
     p.add_argument("--top", type=int, default=25)
     args = p.parse_args(argv)
     admin = os.environ.get("ORCH8_DATABASE_URL") or os.environ.get("ORCH8_TEST_DATABASE_URL")

@@ -3,7 +3,7 @@ no-op) and pure (transform), run by one in-process orch8 runner, side by side wi
 same workloads on DBOS Transact (bench/dbos_workload.py), plus the claim rate.
 
     python -m bench.run_bench [--instances 2000 --instances 10000] [--pairs 3]
-                              [--concurrency 32] [--scenario NAME ...]
+                              [--concurrency 128] [--scenario NAME ...]
                               [--claim-instances 100000] [--no-dbos]
 
 Uses ORCH8_DATABASE_URL (else ORCH8_TEST_DATABASE_URL) as the server; every run is a
@@ -14,10 +14,11 @@ shared machine; the table gives each engine's medians and their ratio: steps/s,
 instances/s, p50/p99 claim-to-completion latency, database round trips per step
 (orch8's runner counts them), commits per step (the run's database), WAL bytes per step
 (the run's database's records, by pg_walinspect; the whole server's where that is
-refused) and peak RSS. Then 4 connections claim --claim-instances due one-step instances
-with orch8.claim_due_nodes, 256 at a time. Results go to bench/results/<UTC time>.json
-and .md. Without DBOS installed (pip install -e '.[bench]') it says so and runs orch8
-alone.
+refused), peak RSS, and CPU per step of the engine's process and of the local
+PostgreSQL's processes (bench/measure.py). Then 4 connections claim --claim-instances
+due one-step instances with orch8.claim_due_nodes, 256 at a time. Results go to
+bench/results/<UTC time>.json and .md. Without DBOS installed (pip install -e '.[bench]')
+it says so and runs orch8 alone.
 
     python -m bench.run_bench --one-run --scenario NAME --instances N [--concurrency C]
                               [--handler-seconds S]

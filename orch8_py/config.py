@@ -12,8 +12,11 @@ from .errors import ConfigError
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
-# instances one runner works on at once: enough that group commit fills its batches
-DEFAULT_CONCURRENCY = 32
+# Instances one runner works on at once: enough that group commit fills its batches. One
+# waiting for the database costs a suspended generator, not a thread (docs/ARCHITECTURE.md,
+# "An instance waits without a thread"); 128 was the fastest of 32-512 in
+# docs/PERFORMANCE.md.
+DEFAULT_CONCURRENCY = 128
 
 
 @dataclass(frozen=True)

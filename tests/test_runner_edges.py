@@ -388,14 +388,14 @@ def test_config_defaults_with_an_empty_environment(empty_env):
     assert s.database_url is None and s.embedded
     assert (s.host, s.port) == ("127.0.0.1", 8080)
     assert s.tick_interval == 0.1
-    assert s.concurrency == 32 and isinstance(s.concurrency, int)
+    assert s.concurrency == 128 and isinstance(s.concurrency, int)
     assert s.group_commit is True
     assert (s.lease, s.heartbeat, s.grace) == (30.0, 10.0, 30.0)
     # the runner's own defaults (used when it is built without config) agree
     r = runner_module.Settings()
     assert r.group_commit is True
     assert (r.concurrency, r.lease, r.heartbeat, r.poll_interval, r.grace) == (
-        32,
+        128,
         30.0,
         10.0,
         0.1,
