@@ -754,6 +754,10 @@ CREATE OR REPLACE FUNCTION orch8.require_own_receipt(
 RETURNS void
 LANGUAGE plpgsql
 STABLE
+-- planned at each call, never from a plan cached while the table was nearly empty: that
+-- plan walks the tenant's whole receipts index (docs/ARCHITECTURE.md, "Lookups planned
+-- for the table they meet")
+SET plan_cache_mode = force_custom_plan
 AS $$
 DECLARE
     v_row orch8.effect_receipts;
