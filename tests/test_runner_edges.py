@@ -21,24 +21,20 @@ from orch8_py import runner as runner_module
 from orch8_py.cli import engine
 from orch8_py.errors import ConfigError, StaleLease
 from orch8_py.handlers import handler
-from tests.runner_helpers import TENANT, make_sequence, running, spawn_runner, start, wait_for
+from tests.runner_helpers import (
+    TENANT,
+    make_sequence,
+    running,
+    spawn_runner,
+    start,
+    wait_for,
+    wait_until,
+)
 
 FAST_LEASE = {"ORCH8_LEASE_SECONDS": "2", "ORCH8_HEARTBEAT_SECONDS": "0.5"}
 
 
 # --- helpers ----------------------------------------------------------------------------
-
-
-def poll(predicate, timeout: float, what: str, interval: float = 0.02):
-    """Call ``predicate`` until it returns something truthy; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def wait_exit(proc: subprocess.Popen, timeout: float) -> int | None:
@@ -169,14 +165,14 @@ def test_heartbeats_keep_the_lease_of_a_step_longer_than_the_lease(
         ).fetchone()
 
     try:
-        poll(lambda: provider.requests_to("/slow"), 30, "the request: " + log_text(a_log))
+        wait_until(lambda: provider.requests_to("/slow"), 30, "the request: " + log_text(a_log))
         state, owner, expires = lease()
         assert state == "running", state
         expiries.add(expires)
         # a second runner polls for work all the time the step runs: had A stopped
         # heartbeating, the 2 s lease would expire and B would sweep and take it over
         b = spawn_runner(db_url, b_log, **FAST_LEASE)
-        poll(lambda: "event=runner.start" in log_text(b_log), 30, "runner B to start")
+        wait_until(lambda: "event=runner.start" in log_text(b_log), 30, "runner B to start")
 
         def finished():
             s, o, e = lease()
@@ -189,7 +185,7 @@ def test_heartbeats_keep_the_lease_of_a_step_longer_than_the_lease(
 
         # B is up while the step is still in flight: the two runners overlap
         assert lease()[0] == "running", "the step finished before runner B was up"
-        poll(finished, 30, "the instance to complete", interval=0.05)
+        wait_until(finished, 30, "the instance to complete")
     finally:
         reap(b)
         reap(a)
@@ -220,7 +216,7 @@ def grace_runner(db_url, conn, provider, tmp_path):
     a_log = tmp_path / "a.log"
     a = spawn_runner(db_url, a_log, ORCH8_GRACE_SECONDS="1", **FAST_LEASE)
     try:
-        poll(lambda: provider.requests_to("/slow"), 30, "the request: " + log_text(a_log))
+        wait_until(lambda: provider.requests_to("/slow"), 30, "the request: " + log_text(a_log))
     except BaseException:
         a.kill()
         a.wait(timeout=10)
@@ -266,7 +262,9 @@ def test_after_sigterm_past_the_grace_period_the_next_runner_sends_nothing_again
     b_log = tmp_path / "b.log"
     b = None
     try:
-        poll(lambda: "event=runner.drain_timeout" in log_text(a_log), 15, "the grace to run out")
+        wait_until(
+            lambda: "event=runner.drain_timeout" in log_text(a_log), 15, "the grace to run out"
+        )
         b = spawn_runner(db_url, b_log, **FAST_LEASE)
         state, error = wait_for(conn, [instance], timeout=30)[instance]
     finally:
@@ -325,7 +323,7 @@ def test_stale_lease_from_state_set_stops_that_instance_quietly(db_url, conn, ca
     other_seq = make_sequence(conn, [{"type": "step", "id": "a", "handler": "noop"}])
     instance = start(conn, seq, {})
     with running(db_url) as r:
-        poll(
+        wait_until(
             lambda: any("event=instance.lease_lost" in m for m in caplog.messages),
             30,
             "the runner to log lease_lost",
@@ -333,7 +331,7 @@ def test_stale_lease_from_state_set_stops_that_instance_quietly(db_url, conn, ca
         # the runner is still running and takes further work
         other = start(conn, other_seq, {})
         assert wait_for(conn, [other], timeout=30)[other] == ("completed", None)
-        poll(lambda: not r.inflight, 10, "the stolen instance to leave the runner")
+        wait_until(lambda: not r.inflight, 10, "the stolen instance to leave the runner")
     assert STEAL["claimed"] == [instance]  # the thief really took this instance
     assert isinstance(STEAL["raised"], StaleLease), STEAL
     written = conn.execute(
@@ -503,7 +501,7 @@ def test_a_lease_really_lost_is_still_reported_by_the_heartbeat(db_url, conn, ca
     )
     instance = start(conn, seq, {})
     with running(db_url, heartbeat=0.05):
-        poll(
+        wait_until(
             lambda: any("event=runner.lease_lost" in m for m in caplog.messages),
             30,
             "the heartbeat to report the stolen lease",
