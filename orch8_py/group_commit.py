@@ -7,7 +7,7 @@ Each kind of call has a few lanes (threads). A lane that is free sends every cal
 up to the limit step_batch, at once; calls that arrive while every lane is busy wait for
 the next free lane. Nothing waits on a timer: a call waits at most for the batches in
 flight to end, so an idle runner's step goes at once and a busy one's calls pile up into
-larger batches. A caller (waiting, or called back) gets its own answer, or the exception
+larger batches. A caller is called back with its own answer, or the exception
 its call raised (its subtransaction undone, the batch's other calls kept), or the
 exception that ended the whole batch (a lost connection), which it handles as before:
 begin_step and finish_step are safe to repeat under the same lease.
@@ -27,25 +27,15 @@ log = logging.getLogger("orch8.runner")
 
 
 class _Slot(Generic[C, A]):
-    __slots__ = ("answer", "call", "done", "error", "then")
+    __slots__ = ("answer", "call", "error", "then")
 
-    def __init__(self, call: C, then: Callable[[A | None, BaseException | None], None] | None):
+    def __init__(self, call: C, then: Callable[[A | None, BaseException | None], None]):
         self.call = call
         self.answer: A | None = None
         self.error: BaseException | None = None
-        self.then = then  # called by the lane with the answer (submit), or:
-        # a lock taken now and released by the lane when the answer is in (call): a
-        # one-shot signal without an Event's Condition and waiter queue
-        self.done: threading.Lock | None = None
-        if then is None:
-            self.done = threading.Lock()
-            self.done.acquire()
+        self.then = then  # called by the lane once the answer is in
 
     def answered(self) -> None:
-        if self.then is None:
-            assert self.done is not None
-            self.done.release()
-            return
         try:
             self.then(self.answer, self.error)
         except Exception:  # the lane goes on with the batch's other callers
@@ -84,32 +74,17 @@ class Batcher(Generic[C, A]):
         for t in self.threads:
             t.start()
 
-    def call(self, call: C) -> A:
-        """Send ``call`` with the next batch and wait for its answer."""
-        slot: _Slot[C, A] = _Slot(call, None)
-        self._queue(slot)
-        assert slot.done is not None
-        slot.done.acquire()
-        if slot.error is not None:
-            raise slot.error
-        return slot.answer  # type: ignore[return-value]
-
     def submit(self, call: C, then: Callable[[A | None, BaseException | None], None]) -> None:
         """Send ``call`` with the next batch; the lane calls ``then(answer, None)``, or
         ``then(None, exception)``, when it is in. Nothing waits meanwhile: the runner's
         instances wait for their batch without a thread. After close, ``then`` gets
         Closed at once."""
-        try:
-            self._queue(_Slot(call, then))
-        except Closed as exc:
-            then(None, exc)
-
-    def _queue(self, slot: _Slot[C, A]) -> None:
         with self.cv:
-            if self.closed:
-                raise Closed("the runner is stopping")
-            self.waiting.append(slot)
-            self.cv.notify()
+            if not self.closed:
+                self.waiting.append(_Slot(call, then))
+                self.cv.notify()
+                return
+        then(None, Closed("the runner is stopping"))
 
     def close(self) -> None:
         """Send what is waiting, then stop the lanes."""
