@@ -1,9 +1,11 @@
 -- The receipt lookups of every guarded step are planned at each call: a plan cached
 -- while the receipts table was nearly empty (a new database's first minute, before
 -- autovacuum's first ANALYZE) walked the tenant's whole receipts index on every later
--- call (docs/ARCHITECTURE.md, "Lookups planned for the table they meet").
+-- call (docs/ARCHITECTURE.md, "Lookups planned for the table they meet"). Planning at
+-- each call costs, so a guarded step makes that lookup once (docs/ARCHITECTURE.md, "A
+-- step reads its receipt once").
 BEGIN;
-SELECT plan(2);
+SELECT plan(5);
 
 SELECT is(
     (
@@ -23,6 +25,51 @@ SELECT is(
     ),
     ARRAY['plan_cache_mode=force_custom_plan'],
     'find_unresolved_effect_receipt plans for the table it meets'
+);
+
+-- A guarded step from begin to a successful finish, counting the calls of this transaction
+-- (pg_stat_get_xact_function_calls counts while track_functions is on).
+SET LOCAL track_functions = 'all';
+SELECT set_config('orch8.fake_now', '2030-01-01 00:00:00+00', true);
+CREATE TEMP TABLE step (instance_id uuid, token uuid, effect_id uuid);
+INSERT INTO step (instance_id)
+SELECT (orch8.create_instance('lp', s.id)).id
+FROM orch8.create_sequence('lp', 'tap', 'pay', '{"blocks": [
+    {"id": "charge", "type": "step", "handler": "x.pay", "params": {"amount": 5}}]}') AS s;
+UPDATE step SET token = c.lease_token
+FROM orch8.claim_work('tap-runner', 10, '1 hour') AS c
+WHERE c.id = step.instance_id;
+UPDATE step SET effect_id = (orch8.begin_step(
+    'lp', step.instance_id, step.token, 'charge', 'x.pay', '{"amount": 5}', 0
+)).effect_id;
+
+SELECT is(
+    pg_stat_get_xact_function_calls(
+        'orch8.require_own_receipt(text, uuid, uuid, text, integer)'::regprocedure
+    ),
+    NULL,
+    'begin_step does not read back the receipt it has just written'
+);
+
+SELECT
+    orch8.finish_step(
+        'lp', step.instance_id, step.token, 'charge', 0, step.effect_id, 'ok',
+        '{"receipt_id": "ch_1"}'
+    )
+FROM step;
+
+SELECT is(
+    pg_stat_get_xact_function_calls(
+        'orch8.require_own_receipt(text, uuid, uuid, text, integer)'::regprocedure
+    ),
+    1::bigint,
+    'finish_step checks whose the receipt is with one read'
+);
+
+SELECT is(
+    (SELECT r.state::text FROM orch8.effect_receipts AS r INNER JOIN step ON r.id = step.effect_id),
+    'committed',
+    'and the receipt is committed'
 );
 
 SELECT * FROM finish();

@@ -692,6 +692,38 @@ COMMENT ON FUNCTION orch8.compute_attempt(text, uuid, text) IS
 '-> the same attempt, whose receipt then blocks a second send; anything else -> previous '
 '+ 1.';
 
+CREATE OR REPLACE FUNCTION orch8.insert_block_output(
+    p_tenant_id text,
+    p_instance_id uuid,
+    p_block_id text,
+    p_attempt integer,
+    p_sentinel text,
+    p_output jsonb,
+    p_retryable boolean,
+    p_effect_id uuid,
+    p_lease_token uuid
+)
+RETURNS void
+LANGUAGE plpgsql  -- not sql: PostgreSQL 15 plans a SQL function's body again at each call
+AS $$
+BEGIN
+    INSERT INTO orch8.block_outputs (
+        tenant_id, instance_id, block_id, attempt, sentinel, output, retryable, effect_id,
+        lease_token
+    ) VALUES (
+        p_tenant_id, p_instance_id, p_block_id, p_attempt, p_sentinel, p_output, p_retryable,
+        p_effect_id, p_lease_token
+    );
+END
+$$;
+
+COMMENT ON FUNCTION orch8.insert_block_output(
+    text, uuid, text, integer, text, jsonb, boolean, uuid, uuid
+) IS
+'The one INSERT into block_outputs (internal helper). It does not look at the receipt an '
+'effect id names: call it only with a receipt just written or already checked '
+'(require_own_receipt), else call record_block_output.';
+
 CREATE OR REPLACE FUNCTION orch8.record_block_output(
     p_tenant_id text,
     p_instance_id uuid,
@@ -711,22 +743,18 @@ BEGIN
         PERFORM orch8.require_own_receipt(p_tenant_id, p_effect_id, p_instance_id, p_block_id,
                                           NULL);
     END IF;
-    INSERT INTO orch8.block_outputs (
-        tenant_id, instance_id, block_id, attempt, sentinel, output, retryable, effect_id,
-        lease_token
-    ) VALUES (
-        p_tenant_id, p_instance_id, p_block_id, p_attempt, p_sentinel, p_output, p_retryable,
-        p_effect_id, p_lease_token
-    );
+    PERFORM orch8.insert_block_output(p_tenant_id, p_instance_id, p_block_id, p_attempt,
+        p_sentinel, p_output, p_retryable, p_effect_id, p_lease_token);
 END
 $$;
 
 COMMENT ON FUNCTION orch8.record_block_output(
     text, uuid, text, integer, text, jsonb, boolean, uuid, uuid
 ) IS
-'The one INSERT into block_outputs (internal helper: callers check the lease first). '
-'lease_token is the claim that wrote the row, NULL for an operator''s retry. An effect id '
-'must name a receipt of this instance and block (require_own_receipt, O8009).';
+'A block_outputs row (internal helper: callers check the lease first). lease_token is the '
+'claim that wrote the row, NULL for an operator''s retry. An effect id must name a receipt '
+'of this instance and block (require_own_receipt, O8009); insert_block_output skips that '
+'read for a receipt the caller holds.';
 
 CREATE OR REPLACE FUNCTION orch8.refuse_foreign_receipt(
     p_effect_id uuid, p_instance_id uuid, p_block_id text, p_attempt integer
@@ -751,7 +779,7 @@ COMMENT ON FUNCTION orch8.refuse_foreign_receipt(uuid, uuid, text, integer) IS
 CREATE OR REPLACE FUNCTION orch8.require_own_receipt(
     p_tenant_id text, p_effect_id uuid, p_instance_id uuid, p_block_id text, p_attempt integer
 )
-RETURNS void
+RETURNS orch8.effect_receipts
 LANGUAGE plpgsql
 STABLE
 -- planned at each call, never from a plan cached while the table was nearly empty: that
@@ -772,14 +800,15 @@ BEGIN
     THEN
         PERFORM orch8.refuse_foreign_receipt(p_effect_id, p_instance_id, p_block_id, p_attempt);
     END IF;
+    RETURN v_row;
 END
 $$;
 
 COMMENT ON FUNCTION orch8.require_own_receipt(text, uuid, uuid, text, integer) IS
-'O8009 when the receipt belongs to another instance, block or (when given) attempt: a '
-'caller holding one instance''s lease cannot settle or cite another''s receipt. A receipt '
-'that does not exist (lost with a failed primary) passes: finish_step records it again '
-'(recover_lost_receipt).';
+'The receipt, after checking it is this instance''s and block''s (and, when given, '
+'attempt''s): O8009 otherwise, so a caller holding one instance''s lease cannot settle or '
+'cite another''s receipt. A receipt that does not exist (lost with a failed primary) '
+'passes as NULL: finish_step records it again (recover_lost_receipt).';
 
 CREATE OR REPLACE FUNCTION orch8.append_block_output(
     p_tenant_id text,

@@ -221,7 +221,8 @@ BEGIN
         RETURN v_out;  -- pure handler: nothing to record before it runs
     END IF;
     IF v_out.outcome = 'dispatched' THEN
-        PERFORM orch8.record_block_output(p_tenant_id, p_instance_id, p_block_id, p_attempt,
+        -- begin_effect has just moved this receipt to dispatched: it is this step's own
+        PERFORM orch8.insert_block_output(p_tenant_id, p_instance_id, p_block_id, p_attempt,
             '__in_progress__', NULL, NULL, v_out.effect_id, p_lease_token);
         IF v_worker.handler IS NOT NULL THEN
             v_out.detail := format('worker task %s queued for handler %s',
@@ -455,12 +456,16 @@ DECLARE
     v_instance uuid := p_inst.id;
     v_path text := p_node.path;
     v_settled orch8.effect_outcome := p_settled;
+    v_receipt orch8.effect_receipts;
     v_retry_in interval;
     v_reason text;
 BEGIN
-    IF p_effect_id IS NOT NULL AND NOT EXISTS (
-        SELECT 1 FROM orch8.effect_receipts AS r
-         WHERE r.tenant_id = v_tenant AND r.id = p_effect_id) THEN
+    IF p_effect_id IS NOT NULL THEN
+        -- the one read of the receipt: whose it is, and whether it is there at all
+        v_receipt := orch8.require_own_receipt(v_tenant, p_effect_id, v_instance, v_path,
+                                               p_attempt);
+    END IF;
+    IF p_effect_id IS NOT NULL AND v_receipt.id IS NULL THEN
         -- The receipt written before dispatch is gone, yet the handler ran: record it
         -- unknown with what the handler answered, and wait for it to be settled.
         PERFORM orch8.recover_lost_receipt(v_tenant, v_instance, v_path, p_attempt,
@@ -472,7 +477,6 @@ BEGIN
         RETURN v_reason;
     END IF;
     IF p_effect_id IS NOT NULL AND v_settled.outcome IS NULL THEN
-        PERFORM orch8.require_own_receipt(v_tenant, p_effect_id, v_instance, v_path, p_attempt);
         v_settled := CASE
             WHEN p_result IN ('ok', 'invalid_output')
             THEN orch8.commit_effect(v_tenant, p_effect_id, p_output)
@@ -492,7 +496,7 @@ BEGIN
             jsonb_build_object('outcome', 'stale', 'effect_state', v_settled.state,
                                'detail', v_settled.detail), v_reason);
     ELSIF p_result = 'ok' THEN
-        PERFORM orch8.record_block_output(v_tenant, v_instance, v_path,
+        PERFORM orch8.insert_block_output(v_tenant, v_instance, v_path,  -- checked above
             p_attempt, NULL, coalesce(p_output, 'null'), NULL, p_effect_id, p_lease_token);
         IF p_effect_id IS NOT NULL AND p_attempt > 0 THEN  -- attempt 0 has no earlier one
             PERFORM orch8.settle_same_key_receipts(v_tenant, p_effect_id, 'engine');
