@@ -43,7 +43,7 @@ import sqlalchemy as sa
 from dbos import DBOS, DBOSClient
 from psycopg import conninfo
 
-from bench.measure import own_cpu_seconds, peak_rss_mb, percentile, server_cpu_seconds
+from bench.measure import cpu_now, cpu_per_step, peak_rss_mb, percentile
 from orch8_py import sqlapi
 from tests import pgserver
 
@@ -140,7 +140,7 @@ def run(admin_url: str, scenario: str, n: int, concurrency: int, polling: float)
             before = sqlapi.benchmarks.counters(conn)
             DBOS(config={"name": APP, "system_database_url": url, "log_level": "WARNING"})
             t0 = time.perf_counter()
-            cpu0, server_cpu0 = own_cpu_seconds(), server_cpu_seconds()
+            cpu_start = cpu_now()
             DBOS.launch()
             launch_s = time.perf_counter() - t0
             done = 0
@@ -159,7 +159,7 @@ def run(admin_url: str, scenario: str, n: int, concurrency: int, polling: float)
                         f"no progress for {STALL_SECONDS} s at {done}/{n} in {scenario}"
                     )
             elapsed = time.perf_counter() - t0
-            cpu, server_cpu = own_cpu_seconds() - cpu0, server_cpu_seconds()
+            cpu_end = cpu_now()
             wal_end = sqlapi.benchmarks.wal_position(conn)
             DBOS.destroy()
             wait_for_sessions_to_end(conn)  # a backend flushes its statistics as it exits
@@ -193,10 +193,7 @@ def run(admin_url: str, scenario: str, n: int, concurrency: int, polling: float)
         "wal_fpi_share": None if wal is None else wal.fpi_bytes / max(wal.bytes, 1),
         "server_wal_bytes_per_step": (wal_end - before.wal_bytes) / total_steps,
         "peak_rss_mb": peak_rss_mb(),
-        "engine_cpu_ms_per_step": cpu * 1000 / total_steps,
-        "server_cpu_ms_per_step": None
-        if server_cpu is None or server_cpu0 is None
-        else (server_cpu - server_cpu0) * 1000 / total_steps,
+        **cpu_per_step(cpu_start, cpu_end, total_steps),
         "polling_interval_s": polling,
         "concurrency": concurrency,
     }

@@ -57,3 +57,18 @@ def server_cpu_seconds() -> float | None:
         total += sum(int(v) for v in fields[11:15])
         found = True
     return total / os.sysconf("SC_CLK_TCK") if found else None
+
+
+def cpu_now() -> tuple[float, float | None]:
+    """This process's and the local server's CPU seconds, for cpu_per_step."""
+    return own_cpu_seconds(), server_cpu_seconds()
+
+
+def cpu_per_step(
+    start: tuple[float, float | None], end: tuple[float, float | None], steps: int
+) -> dict[str, float | None]:
+    """The bench's two CPU columns between two cpu_now() readings: the engine's own
+    process and the server's, in ms per step (the server's None where unreadable)."""
+    own = (end[0] - start[0]) * 1000 / steps
+    server = None if start[1] is None or end[1] is None else (end[1] - start[1]) * 1000 / steps
+    return {"engine_cpu_ms_per_step": own, "server_cpu_ms_per_step": server}

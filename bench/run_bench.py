@@ -45,7 +45,7 @@ from typing import Any
 
 import psycopg
 
-from bench.measure import own_cpu_seconds, peak_rss_mb, percentile, server_cpu_seconds
+from bench.measure import cpu_now, cpu_per_step, peak_rss_mb, percentile
 from orch8_py import config, migrate, sqlapi
 from orch8_py.handlers import handler
 from orch8_py.runner import Runner, Settings
@@ -147,7 +147,7 @@ def run_scenario(
             runner = Runner(url, Settings(concurrency=concurrency, poll_interval=poll_interval))
             stop = threading.Event()
             t0 = time.perf_counter()
-            cpu0, server_cpu0 = own_cpu_seconds(), server_cpu_seconds()
+            cpu_start = cpu_now()
             thread = threading.Thread(target=runner.run, args=(stop,), daemon=True)
             thread.start()
             done = 0
@@ -170,7 +170,7 @@ def run_scenario(
                 if progress:
                     print(f"\r  {name}: {done}/{n} completed", end="", flush=True)
             elapsed = time.perf_counter() - t0
-            cpu, server_cpu = own_cpu_seconds() - cpu0, server_cpu_seconds()
+            cpu_end = cpu_now()
             wal_end = sqlapi.benchmarks.wal_position(conn)
             stop.set()
             thread.join(timeout=30)
@@ -206,10 +206,7 @@ def run_scenario(
                 "server_wal_bytes_per_step": (wal_end - before.wal_bytes) / total_steps,
                 "peak_rss_mb": peak_rss_mb(),
                 "peak_threads": threads,  # sampled every 0.1 s
-                "engine_cpu_ms_per_step": cpu * 1000 / total_steps,
-                "server_cpu_ms_per_step": None
-                if server_cpu is None or server_cpu0 is None
-                else (server_cpu - server_cpu0) * 1000 / total_steps,
+                **cpu_per_step(cpu_start, cpu_end, total_steps),
                 "polling_interval_s": poll_interval,
                 "concurrency": concurrency,
             }
