@@ -194,6 +194,7 @@ def migrate(
             _apply(conn, m)
         if st.pending:
             _secure_functions(conn)
+            _refresh_domain_checks(conn)
         return st.pending
     finally:
         conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
@@ -209,6 +210,17 @@ def _secure_functions(conn: psycopg.Connection) -> None:
     if row and row[0]:
         with conn.transaction():
             conn.execute("SELECT orch8.secure_functions()")
+
+
+def _refresh_domain_checks(conn: psycopg.Connection) -> None:
+    """A session folds a domain's check once, so a rule function the check calls
+    (limit_of, node_kinds, ...) replaced by this run would go unseen by open sessions
+    until this makes them prepare it again (orch8.refresh_domain_checks, migration 0029)."""
+    found = conn.execute("SELECT to_regprocedure('orch8.refresh_domain_checks()') IS NOT NULL")
+    row = found.fetchone()
+    if row and row[0]:
+        with conn.transaction():
+            conn.execute("SELECT orch8.refresh_domain_checks()")
 
 
 def _apply(conn: psycopg.Connection, m: Migration) -> None:

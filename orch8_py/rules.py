@@ -94,6 +94,8 @@ PATTERNS = {'identifier': {'pattern': '^[A-Za-z0-9_.-]{1,100}$',
                 'rule': '1 to 100 characters among A-Z a-z 0-9 _ . -'},
  'sequence_name': {'pattern': '^[A-Za-z0-9_.-]{1,200}$',
                    'rule': '1 to 200 characters among A-Z a-z 0-9 _ . -'},
+ 'sha256_digest': {'pattern': '^[0-9a-f]{64}$',
+                   'rule': 'a SHA-256 digest as 64 lower-case hex digits'},
  'signal_type': {'pattern': '^[A-Za-z0-9_.:-]{1,100}$',
                  'rule': '1 to 100 characters among A-Z a-z 0-9 _ . : -'},
  'webhook_url': {'pattern': '^[Hh][Tt][Tt][Pp][Ss]?://[^/?#\\x00\\t\\n\\x0B\\f\\r '

@@ -73,8 +73,9 @@ SELECT is(
 );
 
 SELECT results_eq(
-    $$SELECT state, continuity_id, epoch, kind, handler, destination_fingerprint,
-             request_sha256, idempotency_key, provider_receipt_id, error
+    $$SELECT state, continuity_id, epoch::bigint, kind::text, handler::text,
+             destination_fingerprint::text, request_sha256::text, idempotency_key::text,
+             provider_receipt_id::text, error
       FROM orch8.effect_receipts
       WHERE tenant_id = 't1' AND id = '31711156-44bf-89ff-b65b-12e788efdb1a'$$,
     $$VALUES ('dispatched'::orch8.effect_state,
@@ -130,7 +131,7 @@ SELECT orch8.begin_effect(
 );
 
 SELECT results_eq(
-    $$SELECT block_id, idempotency_key = id::text, idempotency_key, state
+    $$SELECT block_id::text, idempotency_key = id::text, idempotency_key::text, state
       FROM orch8.effect_receipts
       WHERE tenant_id = 't1' AND block_id LIKE 'key-%'
       ORDER BY block_id$$,
@@ -221,7 +222,7 @@ SELECT results_eq(
 );
 
 SELECT results_eq(
-    $$SELECT attempt, state FROM orch8.effect_receipts
+    $$SELECT attempt::integer, state FROM orch8.effect_receipts
       WHERE tenant_id = 't1' AND block_id = 'pay' ORDER BY attempt$$,
     $$VALUES (0, 'unknown'::orch8.effect_state), (1, 'dispatched'::orch8.effect_state)$$,
     'two receipts for block pay: attempt 0 unknown, attempt 1 dispatched'
@@ -280,7 +281,7 @@ SELECT results_eq(
 -- 8. ensure_effect_receipt and identity mismatches ---------------------------------------
 
 SELECT results_eq(
-    $$SELECT id, state, block_id FROM orch8.ensure_effect_receipt(
+    $$SELECT id, state, block_id::text FROM orch8.ensure_effect_receipt(
           't1', '00000000-0000-0000-0000-0000000000f1',
           '00000000-0000-8ff6-aee8-afd472664eaf', 0,
           '00000000-0000-0000-0000-0000000000a1', 'manual', 0, 'http', 'http_request',
@@ -344,7 +345,8 @@ SELECT throws_ok(
 );
 
 SELECT results_eq(
-    $$SELECT block_id, attempt, request_sha256, state FROM orch8.effect_receipts
+    $$SELECT block_id::text, attempt::integer, request_sha256::text, state
+      FROM orch8.effect_receipts
       WHERE tenant_id = 't1' AND id = '00000000-0000-0000-0000-0000000000f1'$$,
     $$VALUES ('manual', 0, repeat('b', 64), 'prepared'::orch8.effect_state)$$,
     'the stored receipt is untouched by the collisions'

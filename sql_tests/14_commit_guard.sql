@@ -159,7 +159,7 @@ SELECT orch8.begin_effect(
 );
 
 SELECT results_eq(
-    $$SELECT block_id, state FROM orch8.effect_receipts
+    $$SELECT block_id::text, state FROM orch8.effect_receipts
       WHERE tenant_id = 't1' AND kind = 'model' ORDER BY block_id$$,
     $$VALUES ('ask', 'dispatched'::orch8.effect_state),
              ('ask-again', 'dispatched'::orch8.effect_state)$$,

@@ -84,7 +84,7 @@ SELECT results_eq(
 );
 
 SELECT results_eq(
-    $$SELECT provider_receipt_id, pg_temp.events_of('commit')
+    $$SELECT provider_receipt_id::text, pg_temp.events_of('commit')
       FROM orch8.effect_receipts WHERE id = pg_temp.rid('commit')$$,
     $$VALUES ('r-9', 4)$$,
     'the stale commit changed nothing (provider id kept, no new event)'
@@ -156,7 +156,7 @@ SELECT results_eq(
 );
 
 SELECT results_eq(
-    $$SELECT error, provider_receipt_id FROM orch8.effect_receipts
+    $$SELECT error, provider_receipt_id::text FROM orch8.effect_receipts
       WHERE id = pg_temp.rid('unknown')$$,
     $$VALUES ('timeout after 30s', NULL::text)$$,
     'the stale calls left the error and provider id alone'
@@ -285,7 +285,8 @@ SELECT is(
 );
 
 SELECT results_eq(
-    $$SELECT state, error, evidence FROM orch8.effect_receipts WHERE id = pg_temp.rid('cas')$$,
+    $$SELECT state, error, evidence::jsonb FROM orch8.effect_receipts
+      WHERE id = pg_temp.rid('cas')$$,
     $$VALUES ('unknown'::orch8.effect_state, 'e1', '{"k": 1}'::jsonb)$$,
     'the patch set the error and merged the evidence'
 );
@@ -310,7 +311,7 @@ SELECT orch8.mark_effect_unknown('t1', pg_temp.rid(b), 'timeout')
 FROM unnest(ARRAY['res-commit', 'res-abandon', 'res-comp', 'res-verify', 'res-exp']) AS b;
 
 SELECT results_eq(
-    $$SELECT state, provider_receipt_id, evidence #>> '{resolution,actor}',
+    $$SELECT state, provider_receipt_id::text, evidence #>> '{resolution,actor}',
              evidence #> '{resolution,evidence}'
       FROM orch8.resolve_effect('t1', pg_temp.rid('res-commit'), 'unknown', 'committed', 'pr-1',
           '{"checked": "provider dashboard"}', 'alice', 'found it')$$,
@@ -337,7 +338,7 @@ SELECT throws_ok(
 );
 
 SELECT results_eq(
-    $$SELECT state, provider_receipt_id
+    $$SELECT state, provider_receipt_id::text
       FROM orch8.resolve_effect('t1', pg_temp.rid('res-commit'), 'committed', 'compensated', NULL,
           '{"refund": "rf-1"}', 'carol')$$,
     $$VALUES ('compensated'::orch8.effect_state, 'pr-1')$$,
@@ -499,7 +500,7 @@ SELECT results_eq(
 );
 
 SELECT results_eq(
-    $$SELECT state, provider_receipt_id FROM orch8.resolve_effect(
+    $$SELECT state, provider_receipt_id::text FROM orch8.resolve_effect(
           't1', pg_temp.rid('res-exp'), 'unknown', 'committed', NULL, NULL, 'dave')$$,
     $$VALUES ('committed'::orch8.effect_state, NULL::text)$$,
     'a matching p_expected_state resolves'
@@ -541,7 +542,7 @@ SELECT throws_ok(
 );
 
 SELECT results_eq(
-    $$SELECT state, error, evidence #> '{resolution,output}', provider_receipt_id
+    $$SELECT state, error, evidence #> '{resolution,output}', provider_receipt_id::text
       FROM orch8.resolve_effect('t1', pg_temp.rid('res-out'), 'unknown', 'committed', 'ch_1',
           '{"looked": "dashboard"}', 'alice', NULL, '{"id": "ch_1", "paid": true}')$$,
     $$VALUES ('committed'::orch8.effect_state, NULL::text,

@@ -48,7 +48,7 @@ LANGUAGE plpgsql
 AS $$
 BEGIN
     PERFORM set_config('orch8.fake_now', p_at, true);
-    RETURN QUERY SELECT u.block_id FROM orch8.unresolved_effects AS u
+    RETURN QUERY SELECT u.block_id::text FROM orch8.unresolved_effects AS u
                  WHERE u.tenant_id = 't1' ORDER BY u.created_at, u.block_id;
 END
 $$;
@@ -72,7 +72,7 @@ SELECT results_eq(
 );
 
 SELECT results_eq(
-    $$SELECT state, age, state_since, kind, handler FROM orch8.unresolved_effects
+    $$SELECT state, age, state_since, kind::text, handler::text FROM orch8.unresolved_effects
       WHERE tenant_id = 't1' AND block_id = 'dispatched'$$,
     $$VALUES ('dispatched'::orch8.effect_state, '00:05:01'::interval,
               '2030-01-01 00:00:00+00'::timestamptz, 'http', 'http_request')$$,

@@ -270,13 +270,13 @@ SELECT results_eq(
     'create_instance: a new instance is scheduled, not deduplicated'
 );
 SELECT is(
-    (pg_temp.inst('a')).context,
+    (pg_temp.inst('a')).context::jsonb,
     '{"data": {"order_id": 7}, "config": {"currency": "EUR"}, "runtime": {}}'::jsonb,
     'create_instance: context is {data, config, runtime} with an empty runtime'
 );
 SELECT results_eq(
     $$SELECT t.state, t.priority, t.next_fire_at, t.sequence_version, t.parent_instance_id,
-             t.current_block, t.error, t.depth, t.parent_path
+             t.current_block, t.error, t.depth::integer, t.parent_path
       FROM orch8.task_instances AS t WHERE t.id = pg_temp.id('a')$$,
     $$VALUES ('scheduled'::orch8.instance_state, 0, '2030-01-01 00:00:00+00'::timestamptz, 1,
               NULL::uuid, 'prep'::text, NULL::text, 0, NULL::text)$$,
@@ -284,7 +284,7 @@ SELECT results_eq(
     'current_block the first block'
 );
 SELECT results_eq(
-    $$SELECT n.path, n.parent_path, n.block_id, n.kind, n.state::text, n.selector,
+    $$SELECT n.path, n.parent_path, n.block_id, n.kind::text, n.state::text, n.selector,
              n.position, n.priority, n.next_fire_at, n.lease_owner, n.lease_token,
              n.lease_expires_at
       FROM orch8.execution_nodes AS n WHERE n.instance_id = pg_temp.id('a')
@@ -387,7 +387,7 @@ SELECT is(
     'create_instance: a chain of children reaches depth 8 (sub_sequence_depth)'
 );
 SELECT results_eq(
-    $$SELECT t.parent_instance_id, t.depth FROM orch8.task_instances AS t
+    $$SELECT t.parent_instance_id, t.depth::integer FROM orch8.task_instances AS t
       WHERE t.id = pg_temp.id('d1')$$,
     $$SELECT pg_temp.id('d0'), 1$$,
     'create_instance: a child names its parent and is one level deeper'
@@ -815,7 +815,7 @@ SELECT results_eq(
 SELECT is(pg_temp.start('p'), 'p', 'the parent p is claimed');
 SELECT is(pg_temp.start('ch', p_parent => 'p'), 'ch', 'the child ch of p is claimed');
 SELECT results_eq(
-    $$SELECT t.parent_instance_id, t.depth FROM pg_temp.inst('ch') AS t$$,
+    $$SELECT t.parent_instance_id, t.depth::integer FROM pg_temp.inst('ch') AS t$$,
     $$SELECT pg_temp.id('p'), 1$$,
     'create_instance: the parent argument is stored, one level deeper'
 );
@@ -892,8 +892,8 @@ SELECT results_eq(
     'finish_step ok before the last block: running, and the next node with its attempt'
 );
 SELECT results_eq(
-    $$SELECT (pg_temp.inst('s1')).current_block, o.attempt, o.sentinel, o.output, o.effect_id,
-             o.lease_token
+    $$SELECT (pg_temp.inst('s1')).current_block, o.attempt::integer, o.sentinel::text,
+             o.output, o.effect_id, o.lease_token
       FROM pg_temp.last_output('s1', 'prep') AS o$$,
     $$SELECT 'call'::text, 0, NULL::text, '{"v": 1}'::jsonb, NULL::uuid, pg_temp.token('s1')$$,
     'finish_step ok: the output row is written under the lease and current_block advances'
@@ -924,7 +924,7 @@ SELECT results_eq(
     'begin_step: a side-effecting handler (x.y) is dispatched'
 );
 SELECT results_eq(
-    $$SELECT o.attempt, o.sentinel, o.effect_id, o.lease_token
+    $$SELECT o.attempt::integer, o.sentinel::text, o.effect_id, o.lease_token
       FROM orch8.block_outputs AS o
       WHERE o.instance_id = pg_temp.id('s1') AND o.block_id = 'call'$$,
     $$SELECT 0, '__in_progress__'::text, (pg_temp.receipt('s1_call')).id,
@@ -932,7 +932,7 @@ SELECT results_eq(
     'begin_step: one __in_progress__ row with the effect id and the lease token'
 );
 SELECT results_eq(
-    $$SELECT r.state, r.instance_id, r.block_id, r.attempt, r.handler
+    $$SELECT r.state, r.instance_id, r.block_id::text, r.attempt::integer, r.handler::text
       FROM pg_temp.receipt('s1_call') AS r$$,
     $$SELECT 'dispatched'::orch8.effect_state, pg_temp.id('s1'), 'call'::text, 0, 'x.y'::text$$,
     'begin_step: the receipt is dispatched in the same call'
@@ -980,7 +980,7 @@ SELECT results_eq(
     'be retried)'
 );
 SELECT results_eq(
-    $$SELECT o.attempt, o.sentinel, o.retryable, o.output, o.effect_id
+    $$SELECT o.attempt::integer, o.sentinel::text, o.retryable, o.output, o.effect_id
       FROM pg_temp.last_output('s1', 'call') AS o$$,
     $$SELECT 0, '__retry__'::text, true, '{"error": "HTTP 503", "code": "E503"}'::jsonb,
              (pg_temp.receipt('s1_call')).id$$,
@@ -1035,7 +1035,7 @@ SELECT results_eq(
     'finish_step ok without a next block: completed, nothing handed over'
 );
 SELECT results_eq(
-    $$SELECT r.state, r.provider_receipt_id, o.sentinel, o.output, t.state
+    $$SELECT r.state, r.provider_receipt_id::text, o.sentinel::text, o.output, t.state
       FROM pg_temp.receipt('s2_call') AS r, pg_temp.last_output('s2', 'call') AS o,
            pg_temp.inst('s2') AS t$$,
     $$VALUES ('committed'::orch8.effect_state, 'r-1'::text, NULL::text,
@@ -1084,7 +1084,7 @@ SELECT is(
     'finish_step not_applied without retry_in: failed'
 );
 SELECT results_eq(
-    $$SELECT r.state, r.evidence -> 'not_applied', o.sentinel, o.retryable, o.output,
+    $$SELECT r.state, r.evidence -> 'not_applied', o.sentinel::text, o.retryable, o.output,
              t.state, t.error
       FROM pg_temp.receipt('s3_call') AS r, pg_temp.last_output('s3', 'call') AS o,
            pg_temp.inst('s3') AS t$$,

@@ -146,7 +146,7 @@ SELECT results_eq(
 SELECT pg_temp.start('p1', 'plain');
 SELECT is((pg_temp.begin('p1', 0)).outcome, 'dispatched', 'plain: attempt 0 dispatched');
 SELECT is(
-    (pg_temp.receipt('p1')).idempotency_key, (pg_temp.receipt('p1')).id::text,
+    (pg_temp.receipt('p1')).idempotency_key::text, (pg_temp.receipt('p1')).id::text,
     'without a key param or provider_idempotency, the key is the receipt''s own id'
 );
 SELECT is(
@@ -158,7 +158,7 @@ SELECT is(
     'settle: the runner''s proposed retry is dropped; no verifier, so failed'
 );
 SELECT results_eq(
-    $$SELECT o.sentinel, o.attempt, o.effect_id, o.output ->> 'error'
+    $$SELECT o.sentinel::text, o.attempt::integer, o.effect_id, o.output ->> 'error'
       FROM pg_temp.last_row('p1') AS o$$,
     $$SELECT '__unsettled__'::text, 0, (pg_temp.receipt('p1')).id, 'timed out after 10s'::text$$,
     'an ambiguous outcome that is not resent appends __unsettled__'
@@ -194,7 +194,7 @@ SELECT results_eq(
     'retry with an output: the step completes from the evidence'
 );
 SELECT results_eq(
-    $$SELECT o.sentinel, o.attempt, o.output, t.state, t.current_block
+    $$SELECT o.sentinel::text, o.attempt::integer, o.output, t.state, t.current_block
       FROM pg_temp.last_row('p1') AS o, orch8.task_instances AS t
       WHERE t.id = pg_temp.id('p1')$$,
     $$VALUES (NULL::text, 0, '{"id": "ch_1"}'::jsonb, 'scheduled'::orch8.instance_state,
@@ -248,7 +248,8 @@ SELECT throws_ok(
 DELETE FROM retried;
 INSERT INTO retried SELECT * FROM orch8.retry_instance('st', pg_temp.id('l2'), 'alice');
 SELECT results_eq(
-    $$SELECT r.outcome, o.sentinel, orch8.compute_attempt('st', pg_temp.id('l2'), 'charge')
+    $$SELECT r.outcome, o.sentinel::text,
+             orch8.compute_attempt('st', pg_temp.id('l2'), 'charge')
       FROM retried AS r, pg_temp.last_row('l2') AS o$$,
     $$VALUES ('rerun', '__retry__', 1)$$,
     'abandoned: rerun, a __retry__ row after __unsettled__, the next attempt is 1'
@@ -263,7 +264,7 @@ WHERE instance_id = pg_temp.id('c1') AND lease_token IS NOT NULL;
 SELECT is(pg_temp.claim('c1'), 0, 'after the lease expired, the claim resumes attempt 0');
 CREATE TEMP TABLE began AS SELECT (pg_temp.begin('c1', 0)).outcome;
 SELECT results_eq(
-    $$SELECT b.outcome, pg_temp.state('c1'), (pg_temp.last_row('c1')).sentinel,
+    $$SELECT b.outcome, pg_temp.state('c1'), (pg_temp.last_row('c1')).sentinel::text,
              (pg_temp.receipt('c1')).state
       FROM began AS b$$,
     $$VALUES ('blocked', 'waiting', '__unsettled__', 'unknown'::orch8.effect_state)$$,
@@ -294,7 +295,7 @@ SELECT is(
     'attempt 1 commits'
 );
 SELECT results_eq(
-    $$SELECT r.state, r.provider_receipt_id, r.error,
+    $$SELECT r.state, r.provider_receipt_id::text, r.error,
              r.evidence #>> '{resolution,evidence,same_key_as}'
       FROM pg_temp.receipt('k1', 0) AS r$$,
     $$SELECT 'verified'::orch8.effect_state, 'ch_9'::text, NULL::text,
@@ -310,7 +311,7 @@ SELECT pg_temp.finish('f1', 0, 'error');
 SELECT pg_temp.claim('f1');
 SELECT pg_temp.begin('f1', 1);
 SELECT is(
-    (pg_temp.receipt('f1', 1)).idempotency_key, (pg_temp.receipt('f1', 1)).id::text,
+    (pg_temp.receipt('f1', 1)).idempotency_key::text, (pg_temp.receipt('f1', 1)).id::text,
     'new_attempt: the retry sends under a new key'
 );
 SELECT pg_temp.finish('f1', 1, 'ok', '{}');
@@ -444,8 +445,8 @@ SELECT results_eq(
     'applied: verified, and the step continues on its own'
 );
 SELECT results_eq(
-    $$SELECT r.provider_receipt_id, r.evidence #>> '{resolution,actor}',
-             r.evidence #> '{resolution,output}', o.output, o.sentinel, t.current_block
+    $$SELECT r.provider_receipt_id::text, r.evidence #>> '{resolution,actor}',
+             r.evidence #> '{resolution,output}', o.output, o.sentinel::text, t.current_block
       FROM pg_temp.receipt('c1') AS r, pg_temp.last_row('c1') AS o, orch8.task_instances AS t
       WHERE t.id = pg_temp.id('c1')$$,
     $$VALUES ('ch_5'::text, 'verifier:http'::text, '{"id": "ch_5", "receipt_id": "ch_5"}'::jsonb,

@@ -321,7 +321,8 @@ SELECT results_eq(
 );
 SELECT is(tap.begin('p1', 'fan#0/ship', 'x.ship'), 'dispatched', 'parallel: ship dispatches');
 SELECT results_eq(
-    $$SELECT r.block_id, r.attempt, pg_temp.id_fits(r), r.id <> orch8.deterministic_effect_id(
+    $$SELECT r.block_id::text, r.attempt::integer, pg_temp.id_fits(r),
+             r.id <> orch8.deterministic_effect_id(
                  r.continuity_id, r.epoch, r.instance_id, 'ship', 0)
       FROM tap.receipt('p1', 'fan#0/ship') AS r$$,
     $$VALUES ('fan#0/ship', 0, true, true)$$,
@@ -417,7 +418,7 @@ SELECT results_eq(
 
 SELECT tap.new('f1', 'each', '{"lines": [1, 2, 3]}');
 SELECT results_eq(
-    $$SELECT n.kind, n.state::text, n.items FROM orch8.execution_nodes AS n
+    $$SELECT n.kind::text, n.state::text, n.items FROM orch8.execution_nodes AS n
       WHERE n.instance_id = tap.id('f1') AND n.path = 'lines'$$,
     $$VALUES ('for_each', 'ready', '{"asking": "collection"}'::jsonb)$$,
     'for_each: a ready node that asks for its collection'
@@ -445,7 +446,7 @@ SELECT results_eq(
 );
 SELECT results_eq(
     $$SELECT n.position, n.items, n.lease_token,
-             (tap.node('f1', 'lines[1]')).vars
+             (tap.node('f1', 'lines[1]')).vars::jsonb
       FROM tap.node('f1', 'lines') AS n$$,
     $$VALUES (2, '{"collection": [{"sku": "a"}, {"sku": "b"}, {"sku": "c"}]}'::jsonb,
               NULL::uuid, '{"item": {"sku": "b"}, "index": 1}'::jsonb)$$,
@@ -453,7 +454,7 @@ SELECT results_eq(
     'binds item and index'
 );
 SELECT results_eq(
-    $$SELECT o.attempt, o.sentinel, o.output FROM orch8.block_outputs AS o
+    $$SELECT o.attempt::integer, o.sentinel::text, o.output FROM orch8.block_outputs AS o
       WHERE o.instance_id = tap.id('f1') AND o.block_id = 'lines'$$,
     $$VALUES (0, '__decision__'::text,
               '{"asking": "collection", "value": [{"sku": "a"}, {"sku": "b"}, {"sku": "c"}]}'
@@ -507,7 +508,7 @@ SELECT results_eq(
     'for_each: completed with the items'' outputs in item order'
 );
 SELECT results_eq(
-    $$SELECT r.block_id, r.attempt, r.state::text, pg_temp.id_fits(r)
+    $$SELECT r.block_id::text, r.attempt::integer, r.state::text, pg_temp.id_fits(r)
       FROM orch8.effect_receipts AS r WHERE r.instance_id = tap.id('f1')
       ORDER BY r.block_id$$,
     $$VALUES ('lines[0]/charge', 0, 'committed', true), ('lines[1]/charge', 0, 'committed', true),
@@ -556,7 +557,7 @@ SELECT is(
 SELECT tap.new('r1', 'route', '{"amount": 500}');
 SELECT results_eq($$SELECT * FROM tap.claim()$$, $$VALUES ('r1:tier')$$, 'r1: claimed');
 SELECT results_eq(
-    $$SELECT n.kind, n.items ->> 'asking' FROM tap.node('r1', 'tier') AS n$$,
+    $$SELECT n.kind::text, n.items ->> 'asking' FROM tap.node('r1', 'tier') AS n$$,
     $$VALUES ('router', 'route')$$,
     'router: its node asks for the route'
 );
@@ -679,7 +680,7 @@ SELECT results_eq(
     'loop: its output is its last iteration''s'
 );
 SELECT results_eq(
-    $$SELECT o.attempt, o.output FROM orch8.block_outputs AS o
+    $$SELECT o.attempt::integer, o.output FROM orch8.block_outputs AS o
       WHERE o.instance_id = tap.id('l1') AND o.block_id = 'poll'
         AND o.sentinel = '__decision__' ORDER BY o.seq$$,
     $$VALUES (0, '{"asking": "condition", "value": true, "iteration": 0}'::jsonb),
@@ -688,7 +689,8 @@ SELECT results_eq(
     'loop: every decision is recorded with its iteration'
 );
 SELECT results_eq(
-    $$SELECT r.block_id, r.attempt, pg_temp.id_fits(r) FROM orch8.effect_receipts AS r
+    $$SELECT r.block_id::text, r.attempt::integer, pg_temp.id_fits(r)
+      FROM orch8.effect_receipts AS r
       WHERE r.instance_id = tap.id('l1') ORDER BY r.block_id$$,
     $$VALUES ('poll[0]/check', 0, true), ('poll[1]/check', 0, true)$$,
     'loop: each iteration''s step has its own receipt at attempt 0, its id its path''s'
@@ -726,8 +728,8 @@ SELECT results_eq(
     'run_child: the node waits for its child, without a lease'
 );
 SELECT results_eq(
-    $$SELECT t.state::text, t.parent_instance_id, t.parent_path, t.depth, t.context,
-             t.priority, t.idempotency_key
+    $$SELECT t.state::text, t.parent_instance_id, t.parent_path, t.depth::integer,
+             t.context::jsonb, t.priority, t.idempotency_key::text
       FROM orch8.task_instances AS t WHERE t.id = tap.id('c1')$$,
     $$SELECT 'scheduled', tap.id('s1'), 'half'::text, 1,
              '{"data": {"n": 4}, "config": {"region": "eu"}, "runtime": {}}'::jsonb, 7,
@@ -840,7 +842,7 @@ SELECT results_eq(
 );
 SELECT results_eq(
     $$SELECT n.error, n.child_instance_id,
-             (SELECT o.sentinel FROM orch8.block_outputs AS o
+             (SELECT o.sentinel::text FROM orch8.block_outputs AS o
               WHERE o.instance_id = n.instance_id AND o.block_id = 'half')
       FROM tap.node('s3', 'half') AS n$$,
     $$VALUES ('data.n is undefined', NULL::uuid, '__error__'::text)$$,

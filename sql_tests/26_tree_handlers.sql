@@ -192,8 +192,8 @@ SELECT is(
 );
 SELECT results_eq(
     $$SELECT orch8.node_vars('hand', tap.id('t1'), 'pay.catch/explain'),
-             (tap.node('t1', 'pay.catch')).vars,
-             (tap.node('t1', 'pay.catch/explain')).vars$$,
+             (tap.node('t1', 'pay.catch')).vars::jsonb,
+             (tap.node('t1', 'pay.catch/explain')).vars::jsonb$$,
     $$VALUES ('{"error": {"message": "declined", "code": "card_declined",
                           "path": "pay.try/charge"}}'::jsonb,
               '{"error": {"message": "declined", "code": "card_declined",
@@ -208,7 +208,7 @@ SELECT results_eq(
     'try_catch: the catch done, the finally runs'
 );
 SELECT is(
-    (tap.node('t1', 'pay.finally')).vars,
+    (tap.node('t1', 'pay.finally')).vars::jsonb,
     '{"error": {"message": "declined", "code": "card_declined",
                 "path": "pay.try/charge"}}'::jsonb,
     'try_catch: after a catch handled it, the finally still sees the try''s error'
@@ -332,7 +332,7 @@ SELECT results_eq(
     'saga: a compensation done starts the next one'
 );
 SELECT results_eq(
-    $$SELECT r.block_id, r.state::text, r.evidence FROM orch8.effect_receipts AS r
+    $$SELECT r.block_id::text, r.state::text, r.evidence::jsonb FROM orch8.effect_receipts AS r
       WHERE r.instance_id = tap.id('g1') AND r.block_id IN ('trip/flight', 'trip/hotel')
       ORDER BY r.block_id$$,
     $$SELECT * FROM (VALUES
@@ -358,7 +358,7 @@ SELECT results_eq(
     'saga: the last compensation done, the saga and the instance fail'
 );
 SELECT results_eq(
-    $$SELECT r.block_id, r.state::text, r.evidence ->> 'compensated_by'
+    $$SELECT r.block_id::text, r.state::text, r.evidence ->> 'compensated_by'
       FROM orch8.effect_receipts AS r
       WHERE r.instance_id = tap.id('g1') ORDER BY r.block_id$$,
     $$VALUES ('trip.undo/flight', 'committed', NULL::text),
@@ -769,7 +769,7 @@ SELECT results_eq(
 );
 SELECT is(tap.begin('o1', 'fan#0/ship', 'x.ship'), 'dispatched', 'o1: ship dispatches again');
 SELECT results_eq(
-    $$SELECT r.attempt, r.state::text FROM orch8.effect_receipts AS r
+    $$SELECT r.attempt::integer, r.state::text FROM orch8.effect_receipts AS r
       WHERE r.instance_id = tap.id('o1') ORDER BY r.attempt$$,
     $$VALUES (0, 'abandoned'), (1, 'dispatched')$$,
     'reopen_failure: a new receipt for attempt 1; attempt 0''s stays abandoned'

@@ -50,7 +50,7 @@ SELECT is(
     'the late outcome keeps its receipt, committed'
 );
 SELECT results_eq(
-    $$SELECT o.sentinel, o.output FROM orch8.block_outputs AS o
+    $$SELECT o.sentinel::text, o.output FROM orch8.block_outputs AS o
       WHERE o.instance_id = tap.id('d1') AND o.block_id = 'pay'
         AND o.sentinel IS DISTINCT FROM '__in_progress__' ORDER BY o.seq$$,
     $$VALUES (NULL::text, '{"paid": true}'::jsonb),

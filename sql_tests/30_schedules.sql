@@ -328,7 +328,7 @@ SELECT is(pg_temp.fire('2030-01-01 00:05:00+00'), 1, 'at the fire time one fire 
 SELECT is(pg_temp.outcomes('s5', '2030-01-01 00:05Z'), 'started@00:05', '... started');
 SELECT is(
     (
-        SELECT t.idempotency_key FROM orch8.task_instances AS t
+        SELECT t.idempotency_key::text FROM orch8.task_instances AS t
         INNER JOIN fired AS f ON t.id = f.instance_id
         WHERE f.schedule_id = pg_temp.sid('s5')
     ),

@@ -96,7 +96,7 @@ SELECT tap.seq('serial', $${"concurrency_key": "acct-{{ data.account }}", "max_c
 SELECT tap.new('x', 'serial', '{"account": 9}');
 SELECT tap.new('y', 'serial', '{"account": 9}');
 SELECT is(
-    ((tap.node('x', 'one')).concurrency_key, (tap.node('x', 'one')).max_concurrency),
+    ((tap.node('x', 'one')).concurrency_key, (tap.node('x', 'one')).max_concurrency::integer),
     ('acct-9'::text, 1), 'a step without a key of its own holds its definition''s'
 );
 SELECT results_eq($$SELECT * FROM tap.claim()$$, $$VALUES ('x:one')$$, 'x first, y waits');
@@ -139,7 +139,7 @@ SELECT results_eq(
     'the bucket''s two tokens admit two steps'
 );
 SELECT results_eq(
-    $$SELECT n.deferred_by, n.deferrals, n.next_fire_at, n.state::text
+    $$SELECT n.deferred_by::text, n.deferrals::integer, n.next_fire_at, n.state::text
       FROM orch8.execution_nodes AS n
       WHERE n.tenant_id = 'flow' AND n.instance_id IN (tap.id('r3'), tap.id('r4'))
         AND n.path = 'call'
@@ -182,7 +182,7 @@ SELECT tap.seq('unset', $${"blocks": [
 SELECT tap.new('u1', 'unset');
 SELECT is_empty($$SELECT * FROM tap.claim()$$, 'a step whose rate limit is undefined does not run');
 SELECT is(
-    ((tap.node('u1', 'call')).deferred_by, (tap.node('u1', 'call')).next_fire_at),
+    ((tap.node('u1', 'call')).deferred_by::text, (tap.node('u1', 'call')).next_fire_at),
     ('rate_limit_undefined'::text, '2031-03-01 12:01:10+00'::timestamptz),
     'it is deferred, looking again in ten seconds'
 );

@@ -44,7 +44,7 @@ SELECT is(
     'two instances started'
 );
 SELECT results_eq(
-    $$SELECT n.path, n.kind, n.state::text, n.position, n.priority
+    $$SELECT n.path, n.kind::text, n.state::text, n.position, n.priority
       FROM orch8.execution_nodes AS n JOIN made AS m ON m.id = n.instance_id AND m.ord = 2
       ORDER BY n.path$$,
     $$VALUES ('', 'sequence', 'running', 1, 4), ('a', 'step', 'ready', 0, 4)$$,

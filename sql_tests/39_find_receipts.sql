@@ -48,32 +48,32 @@ SELECT orch8.commit_effect(
 );
 
 SELECT results_eq(
-    $$SELECT block_id FROM orch8.find_receipts('t1', 'order-keyed')$$,
+    $$SELECT block_id::text FROM orch8.find_receipts('t1', 'order-keyed')$$,
     $$VALUES ('keyed')$$,
     'by the idempotency key a step was sent with'
 );
 
 SELECT results_eq(
-    $$SELECT block_id FROM orch8.find_receipts('t1', 'order-echoed')$$,
+    $$SELECT block_id::text FROM orch8.find_receipts('t1', 'order-echoed')$$,
     $$VALUES ('echoed')$$,
     'a provider id equal to the key: found once, through the key'
 );
 
 SELECT results_eq(
-    $$SELECT block_id FROM orch8.find_receipts('t1', 'ch_123')$$,
+    $$SELECT block_id::text FROM orch8.find_receipts('t1', 'ch_123')$$,
     $$VALUES ('charged')$$,
     'by the provider''s own receipt id, in the caller''s tenant only'
 );
 
 SELECT results_eq(
-    $$SELECT f.block_id FROM r, orch8.find_receipts('t1', r.id::text) AS f
+    $$SELECT f.block_id::text FROM r, orch8.find_receipts('t1', r.id::text) AS f
       WHERE r.block = 'plain'$$,
     $$VALUES ('plain')$$,
     'by the receipt id (the default idempotency key)'
 );
 
 SELECT results_eq(
-    $$SELECT f.block_id FROM r, orch8.find_receipts('t1', upper(r.id::text)) AS f
+    $$SELECT f.block_id::text FROM r, orch8.find_receipts('t1', upper(r.id::text)) AS f
       WHERE r.block = 'plain'$$,
     $$VALUES ('plain')$$,
     'the receipt id in capitals finds it too'
@@ -102,7 +102,7 @@ SELECT is(
     (
         SELECT
             indexdef LIKE '%(tenant_id, idempotency_key)%'
-            AND indexdef LIKE '%WHERE (idempotency_key <> (id)::text)'
+            AND indexdef LIKE '%WHERE ((idempotency_key)::text <> (id)::text)'
         FROM pg_indexes
         WHERE schemaname = 'orch8' AND indexname = 'effect_receipts_idempotency_key_idx'
     ),

@@ -79,6 +79,28 @@ def test_changed_repeatable_file_is_reapplied(empty_db_url, tmp_path):
         assert comment.startswith("The latest versioned")
 
 
+def test_a_changed_limit_reaches_sessions_already_open(empty_db_url, tmp_path):
+    # A domain's check is prepared once per session, limit_of folded in; migrate makes
+    # open sessions prepare it again (migration 0029, orch8.refresh_domain_checks).
+    shutil.copytree(migrate.sql_dir(), tmp_path / "sql")
+    key_257 = "SELECT repeat('x', 257)::orch8.instance_idempotency_key"
+    with (
+        psycopg.connect(empty_db_url, autocommit=True) as c,
+        psycopg.connect(empty_db_url, autocommit=True) as runner,
+    ):
+        migrate.migrate(c, migrations=migrate.discover(tmp_path / "sql"))
+        with pytest.raises(psycopg.errors.CheckViolation):
+            runner.execute(key_257)
+        f = tmp_path / "sql" / "functions" / "limits.sql"
+        before = f.read_text()
+        f.write_text(
+            before.replace("('idempotency_key_bytes', 256,", "('idempotency_key_bytes', 300,")
+        )
+        assert f.read_text() != before
+        migrate.migrate(c, migrations=migrate.discover(tmp_path / "sql"))
+        runner.execute(key_257)  # the open session sees the new limit
+
+
 def test_failed_migration_leaves_nothing_half_written(empty_db_url, tmp_path):
     shutil.copytree(migrate.sql_dir(), tmp_path / "sql")
     bad = tmp_path / "sql" / "migrations" / "9000_broken.sql"
@@ -177,3 +199,43 @@ def test_receipt_lookup_migration_indexes_the_provider_ids_already_there(empty_d
         assert c.execute("SELECT id FROM orch8.find_receipts('t1', 'ch_9')").fetchall() == [
             (ids[0],)
         ]
+
+
+def test_domain_migration_keeps_rows_views_and_grants(empty_db_url):
+    """0029 on a database with receipts: no row changes, the views come back with their
+    grants and comments, and the moved rules still refuse a bad value."""
+    before = [m for m in migrate.discover() if m.version is None or m.version < 29]
+    views = (
+        "SELECT c.relname::text, c.relacl::text, c.reloptions::text,"
+        " obj_description(c.oid, 'pg_class'),"
+        " (SELECT count(*) FROM pg_description AS d WHERE d.objoid = c.oid AND d.objsubid > 0)"
+        " FROM pg_class AS c WHERE c.relkind = 'v' AND c.relnamespace = 'orch8'::regnamespace"
+        " ORDER BY 1"
+    )
+    receipts = "SELECT to_jsonb(r) FROM orch8.effect_receipts AS r ORDER BY r.id"
+    with psycopg.connect(empty_db_url, autocommit=True) as c:
+        migrate.migrate(c, migrations=before)
+        seq = c.execute(
+            "SELECT id FROM orch8.create_sequence('t1', 'default', 'pay',"
+            ' \'{"blocks": [{"type": "step", "id": "a", "handler": "noop"}]}\')'
+        ).fetchone()[0]
+        inst = c.execute("SELECT id FROM orch8.create_instance('t1', %s, '{}')", (seq,)).fetchone()[
+            0
+        ]
+        effect = c.execute(
+            "SELECT (orch8.begin_effect('t1', %s, 'a', 'http_request',"
+            ' \'{"url": "https://x.example"}\', 0)).effect_id',
+            (inst,),
+        ).fetchone()[0]
+        c.execute("SELECT orch8.commit_effect('t1', %s, '{\"receipt_id\": \"ch_9\"}')", (effect,))
+        views_before = c.execute(views).fetchall()
+        receipts_before = c.execute(receipts).fetchall()
+        applied = [m.name for m in migrate.migrate(c)]
+        assert applied[0] == "0029_column_rules_as_domains.sql"
+        assert c.execute(views).fetchall() == views_before
+        assert c.execute(receipts).fetchall() == receipts_before
+        assert c.execute(
+            "SELECT block_id, kind, provider_receipt_id FROM orch8.effect_receipt_overview"
+        ).fetchall() == [("a", "http", "ch_9")]
+        with pytest.raises(psycopg.errors.CheckViolation):
+            c.execute("UPDATE orch8.effect_receipts SET handler = '' WHERE id = %s", (effect,))

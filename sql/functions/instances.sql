@@ -901,8 +901,10 @@ BEGIN
     v_claimed := ARRAY(SELECT c FROM orch8.claim_due_nodes(p_worker_id, p_batch, p_lease) AS c);
     RETURN QUERY
     SELECT
-        c.tenant_id, c.instance_id, t.sequence_id, t.sequence_version, t.context, c.path,
-        orch8.compute_attempt(c.tenant_id, c.instance_id, c.path), c.block_id, c.kind,
+        -- ::jsonb, ::text: RETURN QUERY wants the declared types, not their domains
+        c.tenant_id, c.instance_id, t.sequence_id, t.sequence_version, t.context::jsonb,
+        c.path, orch8.compute_attempt(c.tenant_id, c.instance_id, c.path), c.block_id,
+        c.kind::text,
         c.position, c.items ->> 'asking', c.child_instance_id,
         orch8.node_vars(c.tenant_id, c.instance_id, c.path),
         t.parent_instance_id, c.lease_token, orch8.instance_progress(c.tenant_id, c.instance_id),

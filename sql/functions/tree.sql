@@ -1109,7 +1109,7 @@ BEGIN
         CASE WHEN p_next.path IS NOT NULL
              THEN orch8.compute_attempt(p_tenant_id, p_instance_id, p_next.path) END,
         p_next.block_id,
-        p_next.kind,
+        p_next.kind::text,
         p_next.position,
         p_next.items ->> 'asking',
         p_next.child_instance_id,

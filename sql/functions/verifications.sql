@@ -225,7 +225,7 @@ BEGIN
     )
     SELECT c.tenant_id, c.effect_id, c.lease_token, c.method, c.tries,
            cardinality(c.schedule), orch8.verification_try_seconds(c.step), to_jsonb(r),
-           c.step, t.context, orch8.instance_progress(t.tenant_id, t.id),
+           c.step, t.context::jsonb, orch8.instance_progress(t.tenant_id, t.id),
            orch8.node_vars(t.tenant_id, t.id, r.block_id)
     FROM claimed AS c
     JOIN orch8.effect_receipts AS r ON r.tenant_id = c.tenant_id AND r.id = c.effect_id

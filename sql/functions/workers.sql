@@ -841,7 +841,8 @@ BEGIN
     )
     SELECT c.effect_id, c.method, c.lease_token, c.tries, cardinality(c.schedule),
            c.lease_expires_at,
-           w.handler::text, w.params, r.idempotency_key, r.attempt, r.instance_id, r.block_id,
+           w.handler::text, w.params, r.idempotency_key::text, r.attempt::integer,
+           r.instance_id, r.block_id::text,
            jsonb_build_object('id', r.id, 'state', r.state, 'kind', r.kind,
                               'provider_receipt_id', r.provider_receipt_id, 'error', r.error,
                               'evidence', r.evidence, 'created_at', r.created_at,
