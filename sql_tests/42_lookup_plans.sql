@@ -5,7 +5,7 @@
 -- each call costs, so a guarded step makes that lookup once (docs/ARCHITECTURE.md, "A
 -- step reads its receipt once").
 BEGIN;
-SELECT plan(5);
+SELECT plan(7);
 
 SELECT is(
     (
@@ -25,6 +25,26 @@ SELECT is(
     ),
     ARRAY['plan_cache_mode=force_custom_plan'],
     'find_unresolved_effect_receipt plans for the table it meets'
+);
+
+SELECT is(
+    (
+        SELECT p.proconfig FROM pg_proc AS p
+        WHERE
+            p.oid = 'orch8.cas_effect_receipt(text, uuid, orch8.effect_state, orch8.effect_state, '
+            'jsonb)'::regprocedure
+    ),
+    ARRAY['plan_cache_mode=force_custom_plan'],
+    'cas_effect_receipt plans for the table it meets'
+);
+
+SELECT is(
+    (
+        SELECT p.proconfig FROM pg_proc AS p
+        WHERE p.oid = 'orch8.load_effect_receipt(text, uuid)'::regprocedure
+    ),
+    ARRAY['plan_cache_mode=force_custom_plan'],
+    'load_effect_receipt plans for the table it meets'
 );
 
 -- A guarded step from begin to a successful finish, counting the calls of this transaction

@@ -264,6 +264,10 @@ CREATE OR REPLACE FUNCTION orch8.cas_effect_receipt(
 )
 RETURNS boolean
 LANGUAGE plpgsql
+-- planned at each call: a plan cached while the table was nearly empty may pick any
+-- index that starts with tenant_id and walk all of the tenant's receipts
+-- (docs/ARCHITECTURE.md, "Lookups planned for the table they meet")
+SET plan_cache_mode = force_custom_plan
 AS $$
 DECLARE
     v_patch jsonb := coalesce(p_patch, '{}');
@@ -348,6 +352,8 @@ CREATE OR REPLACE FUNCTION orch8.load_effect_receipt(p_tenant_id text, p_id uuid
 RETURNS orch8.effect_receipts
 LANGUAGE plpgsql
 STABLE
+-- planned at each call, as cas_effect_receipt
+SET plan_cache_mode = force_custom_plan
 AS $$
 DECLARE
     v_row orch8.effect_receipts;
