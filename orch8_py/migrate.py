@@ -193,34 +193,28 @@ def migrate(
             progress(f"[{i}/{total}] applying {m.kind} {m.name}")
             _apply(conn, m)
         if st.pending:
-            _secure_functions(conn)
-            _refresh_domain_checks(conn)
+            _after_apply(conn)
         return st.pending
     finally:
         conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
 
 
-def _secure_functions(conn: psycopg.Connection) -> None:
-    """CREATE OR REPLACE resets a function's SECURITY DEFINER and search_path: restore
-    them, its owner and its grants (orch8.secure_functions, migration 0010). Until this
-    runs a replaced writer is SECURITY INVOKER, which fails closed for application roles
-    (they hold no DML)."""
-    found = conn.execute("SELECT to_regprocedure('orch8.secure_functions()') IS NOT NULL")
-    row = found.fetchone()
-    if row and row[0]:
-        with conn.transaction():
-            conn.execute("SELECT orch8.secure_functions()")
+# Called after every run that applied something, each once its migration exists:
+# - orch8.secure_functions (0010): CREATE OR REPLACE resets a function's SECURITY DEFINER
+#   and search_path; it restores them, the owner and the grants. Until it runs a replaced
+#   writer is SECURITY INVOKER, which fails closed for application roles (no DML).
+# - orch8.refresh_domain_checks (0029): a session folds a domain's check once, so a rule
+#   function it calls (limit_of, node_kinds, ...) replaced by this run would go unseen by
+#   open sessions until they are made to prepare it again.
+_AFTER_APPLY = ("orch8.secure_functions()", "orch8.refresh_domain_checks()")
 
 
-def _refresh_domain_checks(conn: psycopg.Connection) -> None:
-    """A session folds a domain's check once, so a rule function the check calls
-    (limit_of, node_kinds, ...) replaced by this run would go unseen by open sessions
-    until this makes them prepare it again (orch8.refresh_domain_checks, migration 0029)."""
-    found = conn.execute("SELECT to_regprocedure('orch8.refresh_domain_checks()') IS NOT NULL")
-    row = found.fetchone()
-    if row and row[0]:
-        with conn.transaction():
-            conn.execute("SELECT orch8.refresh_domain_checks()")
+def _after_apply(conn: psycopg.Connection) -> None:
+    for call in _AFTER_APPLY:
+        row = conn.execute("SELECT to_regprocedure(%s) IS NOT NULL", (call,)).fetchone()
+        if row and row[0]:
+            with conn.transaction():
+                conn.execute(f"SELECT {call}")
 
 
 def _apply(conn: psycopg.Connection, m: Migration) -> None:

@@ -21,6 +21,23 @@ def rows(url: str) -> list[tuple]:
         ).fetchall()
 
 
+def dispatched_receipts(c: psycopg.Connection, blocks: tuple[str, ...]) -> list:
+    """One instance of tenant t1 with a dispatched http_request receipt per block; their ids."""
+    seq = c.execute(
+        "SELECT id FROM orch8.create_sequence('t1', 'default', 'pay',"
+        ' \'{"blocks": [{"type": "step", "id": "a", "handler": "noop"}]}\')'
+    ).fetchone()[0]
+    inst = c.execute("SELECT id FROM orch8.create_instance('t1', %s, '{}')", (seq,)).fetchone()[0]
+    return [
+        c.execute(
+            "SELECT (orch8.begin_effect('t1', %s, %s, 'http_request',"
+            ' \'{"url": "https://x.example"}\', 0)).effect_id',
+            (inst, block),
+        ).fetchone()[0]
+        for block in blocks
+    ]
+
+
 def test_migrate_twice_is_a_noop(empty_db_url):
     with psycopg.connect(empty_db_url, autocommit=True) as c:
         first = migrate.migrate(c)
@@ -171,21 +188,7 @@ def test_receipt_lookup_migration_indexes_the_provider_ids_already_there(empty_d
     ]
     with psycopg.connect(empty_db_url, autocommit=True) as c:
         migrate.migrate(c, migrations=before)
-        seq = c.execute(
-            "SELECT id FROM orch8.create_sequence('t1', 'default', 'pay',"
-            ' \'{"blocks": [{"type": "step", "id": "a", "handler": "noop"}]}\')'
-        ).fetchone()[0]
-        inst = c.execute("SELECT id FROM orch8.create_instance('t1', %s, '{}')", (seq,)).fetchone()[
-            0
-        ]
-        ids = [
-            c.execute(
-                "SELECT (orch8.begin_effect('t1', %s, %s, 'http_request',"
-                ' \'{"url": "https://x.example"}\', 0)).effect_id',
-                (inst, block),
-            ).fetchone()[0]
-            for block in ("charged", "plain")
-        ]
+        ids = dispatched_receipts(c, ("charged", "plain"))
         c.execute("SELECT orch8.commit_effect('t1', %s, '{\"receipt_id\": \"ch_9\"}')", (ids[0],))
         c.execute(
             "SELECT orch8.commit_effect('t1', %s, jsonb_build_object('receipt_id', %s::text))",
@@ -215,18 +218,7 @@ def test_domain_migration_keeps_rows_views_and_grants(empty_db_url):
     receipts = "SELECT to_jsonb(r) FROM orch8.effect_receipts AS r ORDER BY r.id"
     with psycopg.connect(empty_db_url, autocommit=True) as c:
         migrate.migrate(c, migrations=before)
-        seq = c.execute(
-            "SELECT id FROM orch8.create_sequence('t1', 'default', 'pay',"
-            ' \'{"blocks": [{"type": "step", "id": "a", "handler": "noop"}]}\')'
-        ).fetchone()[0]
-        inst = c.execute("SELECT id FROM orch8.create_instance('t1', %s, '{}')", (seq,)).fetchone()[
-            0
-        ]
-        effect = c.execute(
-            "SELECT (orch8.begin_effect('t1', %s, 'a', 'http_request',"
-            ' \'{"url": "https://x.example"}\', 0)).effect_id',
-            (inst,),
-        ).fetchone()[0]
+        (effect,) = dispatched_receipts(c, ("a",))
         c.execute("SELECT orch8.commit_effect('t1', %s, '{\"receipt_id\": \"ch_9\"}')", (effect,))
         views_before = c.execute(views).fetchall()
         receipts_before = c.execute(receipts).fetchall()
