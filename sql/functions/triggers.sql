@@ -229,6 +229,26 @@ COMMENT ON FUNCTION orch8.task_instances_guard() IS
 'Trigger: an instance keeps its identity, moves only along instance_can_transition, and '
 'is never deleted (O8004), whoever writes the row.';
 
+CREATE OR REPLACE FUNCTION orch8.task_instances_watch_sla()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    new.sla_watch_at := CASE
+        WHEN new.sla_breached_at IS NULL AND new.state IN ('scheduled', 'running', 'waiting')
+            THEN new.sla_at
+    END;
+    RETURN new;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.task_instances_watch_sla() IS
+'Trigger before INSERT or UPDATE on task_instances, for rows with an sla (its WHEN): '
+'sla_watch_at is sla_at while the instance is scheduled, running or waiting and has not '
+'missed it, else NULL, whatever the writer set. fire_slas reads it through its own '
+'index, which names no other column, so an update of an instance is heap-only (HOT) '
+'unless it ends, pauses or breaches a watched sla.';
+
 CREATE OR REPLACE FUNCTION orch8.task_instances_record_creations()
 RETURNS trigger
 LANGUAGE plpgsql

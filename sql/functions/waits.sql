@@ -354,13 +354,13 @@ DECLARE
     v_inst orch8.task_instances;
     v_count integer := 0;
 BEGIN
-    -- A paused instance is looked at again once it resumes (it stays in the index).
+    -- sla_watch_at is sla_at while the instance is open, not paused and not yet past it
+    -- (task_instances_watch_sla); a paused one is watched again once it resumes.
     FOR v_inst IN
         SELECT t.* FROM orch8.task_instances AS t
-        WHERE t.sla_at <= orch8.now() AND t.sla_at IS NOT NULL AND t.sla_breached_at IS NULL
-          AND t.state IN ('scheduled', 'running', 'waiting')
+        WHERE t.sla_watch_at <= orch8.now() AND t.sla_watch_at IS NOT NULL
           AND t.requested_state IS NULL
-        ORDER BY t.sla_at
+        ORDER BY t.sla_watch_at
         LIMIT greatest(p_limit, 0)
         FOR UPDATE OF t SKIP LOCKED
     LOOP
