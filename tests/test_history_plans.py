@@ -78,16 +78,19 @@ def test_stale_statistics_really_say_the_queue_is_empty(conn):
     assert rows < READY / 10, plan
 
 
-def test_the_claim_moves_its_batch_by_key(conn):
+def test_the_claim_moves_its_batch_by_row(conn):
     stale_queue(conn)
     plans = plans_of(
         conn,
         "SELECT count(*) FROM orch8.claim_due_nodes(p_worker_id => 'w', p_batch => 64)",
     )
-    claimed = [p for p in plans if "UPDATE orch8.execution_nodes" in p and "unnest(v_due)" in p]
-    assert claimed, "auto_explain logged no plan for the claim's UPDATE"
-    assert walks_of_ready_queue(claimed, "unnest\\(v_due\\)") == []
-    assert "execution_nodes_pkey" in claimed[0], claimed[0]
+    # the rows the claim locked, reached by ctid: neither the ready queue nor a key probe
+    for table, rows in (("execution_nodes", "v_node_rows"), ("task_instances", "v_inst_rows")):
+        moved = [p for p in plans if f"UPDATE orch8.{table}" in p and rows in p]
+        assert moved, f"auto_explain logged no plan for the claim's UPDATE of {table}"
+        assert walks_of_ready_queue(moved, rows) == []
+        assert "Tid Scan" in moved[0] and "(actual time" in moved[0], moved[0]
+        assert re.search(r"Update on \S+ \S+ .*rows=(64|0) loops=1", moved[0]), moved[0]
 
 
 def test_the_hand_over_looks_at_its_own_instance_only(conn):

@@ -367,16 +367,21 @@ LANGUAGE plpgsql
 -- Every statement here touches a batch, never the backlog. Right after a bulk start the
 -- statistics still say the tables are nearly empty, and the planner then sorted every due
 -- node (an external sort of 100,000 rows) and hashed them all to update 256: ten times
--- slower. Without sorts and hash joins it walks the ready index in order and probes by key.
+-- slower. Without sorts and hash joins it walks the ready index in order and probes by key;
+-- without sequential scans the batch's rows are reached by ctid (a TID scan) even when the
+-- statistics say the table is a page or two.
 -- JIT off: the sorts admit_nodes cannot avoid then cost 1e10, far over the JIT thresholds,
 -- and every claim of a keyed node compiled them (555 ms a claim instead of 4 ms).
 SET enable_sort = off
 SET enable_hashjoin = off
+SET enable_seqscan = off
 SET jit = off
 AS $$
 DECLARE
     v_due orch8.execution_nodes [];
     v_claimed orch8.execution_nodes [];
+    v_node_rows tid [];
+    v_inst_rows tid [];
 BEGIN
     IF p_worker_id IS NULL OR p_worker_id = '' OR p_batch IS NULL OR p_batch < 1
        OR p_lease IS NULL OR p_lease <= interval '0' THEN
@@ -395,7 +400,7 @@ BEGIN
     -- over here, so that a crowd of them does not fill the batch; admit_nodes decides
     -- under the key's lock.
     WITH due AS (
-        SELECT n AS node, n.priority, n.next_fire_at
+        SELECT n AS node, n.priority, n.next_fire_at, n.ctid AS node_row, t.ctid AS inst_row
         FROM orch8.execution_nodes AS n
         JOIN orch8.task_instances AS t ON t.tenant_id = n.tenant_id AND t.id = n.instance_id
         WHERE n.state = 'ready' AND n.next_fire_at <= orch8.now()
@@ -410,34 +415,46 @@ BEGIN
         LIMIT p_batch
         FOR UPDATE OF n, t SKIP LOCKED
     )
+    -- The rows are locked by this transaction until it ends, so their versions stay where
+    -- the claim found them: the two UPDATEs below reach them by ctid (a TID scan) instead
+    -- of probing both primary keys again for each node.
     SELECT coalesce(array_agg(d.node ORDER BY d.priority DESC, d.next_fire_at),
-                    ARRAY[]::orch8.execution_nodes [])
-    INTO v_due FROM due AS d;
+                    ARRAY[]::orch8.execution_nodes []),
+           coalesce(array_agg(d.node_row ORDER BY d.priority DESC, d.next_fire_at),
+                    ARRAY[]::tid []),
+           coalesce(array_agg(d.inst_row ORDER BY d.priority DESC, d.next_fire_at),
+                    ARRAY[]::tid [])
+    INTO v_due, v_node_rows, v_inst_rows FROM due AS d;
     IF EXISTS (SELECT 1 FROM unnest(v_due) AS c
                WHERE c.concurrency_key IS NOT NULL OR c.rate_limit_key IS NOT NULL) THEN
         v_due := orch8.admit_nodes(v_due);
+        -- the rows of the admitted ones (admit_nodes writes only those it defers)
+        SELECT coalesce(array_agg(n.ctid), ARRAY[]::tid []),
+               coalesce(array_agg(t.ctid), ARRAY[]::tid [])
+        INTO v_node_rows, v_inst_rows
+        FROM unnest(v_due) AS d
+        JOIN orch8.execution_nodes AS n
+            ON n.tenant_id = d.tenant_id AND n.instance_id = d.instance_id AND n.path = d.path
+        JOIN orch8.task_instances AS t ON t.tenant_id = d.tenant_id AND t.id = d.instance_id;
     END IF;
     WITH claimed AS (
         UPDATE orch8.execution_nodes AS n
         SET state = 'running', lease_owner = p_worker_id, lease_token = gen_random_uuid(),
             lease_expires_at = orch8.now() + p_lease, deferred_by = NULL,
             updated_at = orch8.now()
-        FROM unnest(v_due) AS d
-        -- d.state is 'ready' (the rows were read so and locked above). Compared with the
-        -- constant, the planner took the queue's statistics, which beside a large history
-        -- say no node is ready, and walked every ready node once per row of the batch;
-        -- compared with the batch's own column, it probes the batch by primary key.
-        WHERE n.tenant_id = d.tenant_id AND n.instance_id = d.instance_id AND n.path = d.path
-          AND n.state = d.state
+        WHERE n.ctid = ANY(v_node_rows)
         RETURNING n
     )
-    SELECT coalesce(array_agg(c.n), ARRAY[]::orch8.execution_nodes []) INTO v_claimed
+    -- in the claim's order (neither column is changed by the claim), ties by creation
+    SELECT coalesce(array_agg(c.n ORDER BY (c.n).priority DESC, (c.n).next_fire_at,
+                                           (c.n).instance_id, (c.n).path),
+                    ARRAY[]::orch8.execution_nodes [])
+    INTO v_claimed
     FROM claimed AS c;
     -- their instances run now: one statement (the trigger writes each one's transition)
     PERFORM orch8.attribute_transition(p_worker_id, NULL);
     UPDATE orch8.task_instances AS t SET state = 'running', updated_at = orch8.now()
-    FROM (SELECT DISTINCT c.tenant_id, c.instance_id FROM unnest(v_claimed) AS c) AS c
-    WHERE t.tenant_id = c.tenant_id AND t.id = c.instance_id AND t.state <> 'running';
+    WHERE t.ctid = ANY(v_inst_rows) AND t.state <> 'running';
     RETURN QUERY SELECT * FROM unnest(v_claimed);
 END
 $$;
