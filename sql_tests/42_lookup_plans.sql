@@ -5,7 +5,7 @@
 -- each call costs, so a guarded step makes that lookup once (docs/ARCHITECTURE.md, "A
 -- step reads its receipt once").
 BEGIN;
-SELECT plan(7);
+SELECT plan(8);
 
 SELECT is(
     (
@@ -31,11 +31,11 @@ SELECT is(
     (
         SELECT p.proconfig FROM pg_proc AS p
         WHERE
-            p.oid = 'orch8.cas_effect_receipt(text, uuid, orch8.effect_state, orch8.effect_state, '
+            p.oid = 'orch8.swap_effect_receipt(text, uuid, orch8.effect_state, orch8.effect_state, '
             'jsonb)'::regprocedure
     ),
     ARRAY['plan_cache_mode=force_custom_plan'],
-    'cas_effect_receipt plans for the table it meets'
+    'swap_effect_receipt (the work of cas_effect_receipt) plans for the table it meets'
 );
 
 SELECT is(
@@ -84,6 +84,12 @@ SELECT is(
     ),
     1::bigint,
     'finish_step checks whose the receipt is with one read'
+);
+
+SELECT is(
+    pg_stat_get_xact_function_calls('orch8.load_effect_receipt(text, uuid)'::regprocedure),
+    NULL,
+    'and settles it without reading it again (the CAS answers the row it wrote)'
 );
 
 SELECT is(

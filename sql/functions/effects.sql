@@ -255,14 +255,14 @@ COMMENT ON FUNCTION orch8.insert_dispatched_receipt(
 'when a receipt of that id exists (nothing written). Only for a receipt no commit guard '
 'covers: the guarded dispatch must see it prepared.';
 
-CREATE OR REPLACE FUNCTION orch8.cas_effect_receipt(
+CREATE OR REPLACE FUNCTION orch8.swap_effect_receipt(
     p_tenant_id text,
     p_id uuid,
     p_expected orch8.effect_state,
     p_next orch8.effect_state,
     p_patch jsonb DEFAULT '{}'
 )
-RETURNS boolean
+RETURNS orch8.effect_receipts
 LANGUAGE plpgsql
 -- planned at each call: a plan cached while the table was nearly empty may pick any
 -- index that starts with tenant_id and walk all of the tenant's receipts
@@ -272,7 +272,7 @@ AS $$
 DECLARE
     v_patch jsonb := coalesce(p_patch, '{}');
     v_unknown_keys text[];
-    v_won boolean;
+    v_row orch8.effect_receipts;
 BEGIN
     IF NOT orch8.can_transition_to(p_expected, p_next) THEN
         RAISE EXCEPTION 'receipt % cannot move from % to %', p_id, p_expected, p_next
@@ -307,11 +307,31 @@ BEGIN
            evidence = r.evidence || coalesce(v_patch -> 'evidence', '{}')
      WHERE r.tenant_id = p_tenant_id
        AND r.id = p_id
-       AND r.state = p_expected;
-    v_won := found;
+       AND r.state = p_expected
+    RETURNING r.* INTO v_row;
     PERFORM orch8.clear_event_attribution();
-    RETURN v_won;
+    RETURN v_row;
 END
+$$;
+
+COMMENT ON FUNCTION orch8.swap_effect_receipt(
+    text, uuid, orch8.effect_state, orch8.effect_state, jsonb
+) IS
+'cas_effect_receipt that answers the receipt as the won CAS left it, or NULL (all fields) '
+'when the CAS was lost: settle_effect reports the new state without reading it again.';
+
+CREATE OR REPLACE FUNCTION orch8.cas_effect_receipt(
+    p_tenant_id text,
+    p_id uuid,
+    p_expected orch8.effect_state,
+    p_next orch8.effect_state,
+    p_patch jsonb DEFAULT '{}'
+)
+RETURNS boolean
+LANGUAGE sql
+AS $$
+    SELECT (orch8.swap_effect_receipt(p_tenant_id, p_id, p_expected, p_next, p_patch)).id
+           IS NOT NULL
 $$;
 
 COMMENT ON FUNCTION orch8.cas_effect_receipt(
@@ -320,7 +340,8 @@ COMMENT ON FUNCTION orch8.cas_effect_receipt(
 'Compare-and-swap a receipt: one UPDATE ... WHERE tenant_id, id AND state = expected. '
 'Returns whether it won; a lost CAS means someone else moved the receipt and is never '
 'retried. patch may set provider_receipt_id and error, merge evidence (an object), and '
-'name the actor and note recorded in effect_receipt_events.';
+'name the actor and note recorded in effect_receipt_events (the work is '
+'swap_effect_receipt''s).';
 
 CREATE OR REPLACE FUNCTION orch8.effect_outcome_of(
     p_outcome text,
@@ -789,8 +810,9 @@ AS $$
 DECLARE
     v_row orch8.effect_receipts;
 BEGIN
-    IF orch8.cas_effect_receipt(p_tenant_id, p_id, p_expected, p_next, p_patch) THEN
-        RETURN orch8.effect_outcome_of(p_next::text, orch8.load_effect_receipt(p_tenant_id, p_id));
+    v_row := orch8.swap_effect_receipt(p_tenant_id, p_id, p_expected, p_next, p_patch);
+    IF v_row.id IS NOT NULL THEN
+        RETURN orch8.effect_outcome_of(p_next::text, v_row);
     END IF;
     v_row := orch8.load_effect_receipt(p_tenant_id, p_id);
     IF v_row.id IS NULL THEN
