@@ -254,13 +254,15 @@ RETURNS trigger
 LANGUAGE plpgsql
 AS $$
 BEGIN
+    -- actor, reason and key are the statement's, so each is a sub-SELECT: evaluated once
+    -- (an InitPlan), not once per row of a bulk start or a claim
     INSERT INTO orch8.instance_transitions (
         tenant_id, instance_id, from_state, to_state, actor, reason, api_key_id
     )
     SELECT n.tenant_id, n.id, NULL, n.state,
-           orch8.attributed_actor(current_setting('orch8.transition_actor', true)),
-           nullif(current_setting('orch8.transition_reason', true), ''),
-           orch8.current_key_id()
+           (SELECT orch8.attributed_actor(current_setting('orch8.transition_actor', true))),
+           (SELECT nullif(current_setting('orch8.transition_reason', true), '')),
+           (SELECT orch8.current_key_id())
     FROM new_rows AS n;
     RETURN NULL;
 END
@@ -282,13 +284,14 @@ LANGUAGE plpgsql
 SET enable_hashjoin = on
 AS $$
 BEGIN
+    -- actor, reason and key once per statement, as in task_instances_record_creations
     INSERT INTO orch8.instance_transitions (
         tenant_id, instance_id, from_state, to_state, actor, reason, api_key_id
     )
     SELECT n.tenant_id, n.id, o.state, n.state,
-           orch8.attributed_actor(current_setting('orch8.transition_actor', true)),
-           nullif(current_setting('orch8.transition_reason', true), ''),
-           orch8.current_key_id()
+           (SELECT orch8.attributed_actor(current_setting('orch8.transition_actor', true))),
+           (SELECT nullif(current_setting('orch8.transition_reason', true), '')),
+           (SELECT orch8.current_key_id())
     FROM new_rows AS n
     JOIN old_rows AS o ON o.tenant_id = n.tenant_id AND o.id = n.id
     WHERE n.state <> o.state;
