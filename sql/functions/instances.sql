@@ -379,7 +379,6 @@ SET jit = off
 AS $$
 DECLARE
     v_due orch8.execution_nodes [];
-    v_claimed orch8.execution_nodes [];
     v_node_rows tid [];
     v_inst_rows tid [];
 BEGIN
@@ -437,25 +436,23 @@ BEGIN
             ON n.tenant_id = d.tenant_id AND n.instance_id = d.instance_id AND n.path = d.path
         JOIN orch8.task_instances AS t ON t.tenant_id = d.tenant_id AND t.id = d.instance_id;
     END IF;
+    -- their instances run now: one statement (the trigger writes each one's transition)
+    PERFORM orch8.attribute_transition(p_worker_id, NULL);
+    UPDATE orch8.task_instances AS t SET state = 'running', updated_at = orch8.now()
+    WHERE t.ctid = ANY(v_inst_rows) AND t.state <> 'running';
+    -- and the nodes, answered in the claim's order (the claim changes neither priority nor
+    -- next_fire_at), ties by creation
+    RETURN QUERY
     WITH claimed AS (
         UPDATE orch8.execution_nodes AS n
         SET state = 'running', lease_owner = p_worker_id, lease_token = gen_random_uuid(),
             lease_expires_at = orch8.now() + p_lease, deferred_by = NULL,
             updated_at = orch8.now()
         WHERE n.ctid = ANY(v_node_rows)
-        RETURNING n
+        RETURNING n.*
     )
-    -- in the claim's order (neither column is changed by the claim), ties by creation
-    SELECT coalesce(array_agg(c.n ORDER BY (c.n).priority DESC, (c.n).next_fire_at,
-                                           (c.n).instance_id, (c.n).path),
-                    ARRAY[]::orch8.execution_nodes [])
-    INTO v_claimed
-    FROM claimed AS c;
-    -- their instances run now: one statement (the trigger writes each one's transition)
-    PERFORM orch8.attribute_transition(p_worker_id, NULL);
-    UPDATE orch8.task_instances AS t SET state = 'running', updated_at = orch8.now()
-    WHERE t.ctid = ANY(v_inst_rows) AND t.state <> 'running';
-    RETURN QUERY SELECT * FROM unnest(v_claimed);
+    SELECT * FROM claimed AS c
+    ORDER BY c.priority DESC, c.next_fire_at, c.instance_id, c.path;
 END
 $$;
 
