@@ -218,6 +218,15 @@ class GuardedServer(TcpWSGIServer):
     effective_host: str
     effective_port: int
 
+    def close(self) -> None:
+        """Stop after the requests being answered: a handler thread that finishes its
+        response wakes the main loop through the trigger, and once the trigger is closed
+        that write fails (EBADF, logged by waitress with a traceback). The threads finish
+        their task first (at most 5 s), as MultiSocketServer.close does for several
+        listeners; a second call finds no thread left."""
+        self.task_dispatcher.shutdown()
+        super().close()
+
     def _open_channels(self) -> list[GuardedChannel]:
         return [c for c in self._map.values() if isinstance(c, GuardedChannel) and not c.will_close]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import logging
 import select
 import socket
 import threading
@@ -300,3 +301,30 @@ def test_an_oversized_header_is_refused(serve, clients):
     s.sendall(b"a" * (64 * 1024) + b"\r\n\r\n")
     response = read_all(s, timeout=5)
     assert response.split(b" ", 2)[1] == b"431", response[:80]  # waitress says HTTP/1.0
+
+
+def test_closing_while_a_request_runs_finishes_it_quietly(caplog):
+    """`orch8 up` closes the server on SIGTERM; a request still being answered then must
+    not hit the closed trigger (waitress logged EBADF with a traceback on stderr)."""
+    entered = threading.Event()
+
+    def app(environ, start_response):
+        entered.set()
+        time.sleep(0.3)  # still answering when close() is called
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"done"]
+
+    srv = serving.create_server(app, "127.0.0.1", 0, serving.Limits.from_env({}))
+    thread = threading.Thread(target=srv.run, name="waitress", daemon=True)
+    thread.start()
+    s = socket.create_connection(("127.0.0.1", srv.effective_port), timeout=5)
+    try:
+        s.sendall(LIVE)
+        assert entered.wait(5)
+        with caplog.at_level(logging.ERROR, logger="waitress"):
+            srv.close()
+            srv.task_dispatcher.shutdown(timeout=2)
+            thread.join(timeout=3)
+    finally:
+        s.close()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
