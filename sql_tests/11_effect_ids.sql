@@ -7,7 +7,7 @@
 -- and for scope ids: instance.bytes[:6] + sha256(prefix.encode() + b'\x00' +
 -- instance.bytes)[6:], same fix-up (tests/effect_rules.py).
 BEGIN;
-SELECT plan(30);
+SELECT plan(35);
 -- the instances the vectors name (a receipt needs a real instance)
 SELECT
     tap.instances(
@@ -114,6 +114,51 @@ SELECT throws_ok(
           '00000000-0000-0000-0000-0000000000a1', 'charge', -1)$$,
     'O8008', NULL,
     'a negative attempt is refused (O8008)'
+);
+
+-- effect_receipt_id: the scope's version picks the derivation
+
+SELECT is(
+    orch8.effect_receipt_id(
+        1, '0193a4b5-c6d7-8e8f-9a0b-aaaaaaaaaaaa', 0,
+        '0193a4b5-c6d7-7e8f-9a0b-1c2d3e4f5a6b', 'charge', 0
+    ),
+    '74375b44-bd31-822e-a2bc-c379d8f60540'::uuid,
+    'effect_receipt_id version 1 is deterministic_effect_id'
+);
+
+SELECT is(
+    orch8.effect_receipt_id(
+        2, '0193a4b5-c6d7-8e8f-9a0b-aaaaaaaaaaaa', 0,
+        '0193a4b5-c6d7-7e8f-9a0b-1c2d3e4f5a6b', 'charge', 0
+    ),
+    '0193a4b5-c6d7-822e-a2bc-c379d8f60540'::uuid,
+    'effect_receipt_id version 2: version 1''s id led by the instance id''s first 6 bytes'
+);
+
+SELECT is(
+    orch8.effect_receipt_id(
+        2, '0193a4b5-c6d7-8e8f-9a0b-aaaaaaaaaaaa', 0,
+        '0193a4b5-c6d7-7e8f-9a0b-1c2d3e4f5a6b', 'charge', 1
+    ),
+    '0193a4b5-c6d7-8e7d-be30-3cbefe476b6f'::uuid,
+    'effect_receipt_id version 2: the next attempt keeps the prefix, the rest changes'
+);
+
+SELECT throws_ok(
+    $$SELECT orch8.effect_receipt_id(
+          3, '00000000-0000-0000-0000-0000000000c1', 0,
+          '00000000-0000-0000-0000-0000000000a1', 'charge', 0)$$,
+    'O8008', NULL,
+    'an effect id version other than 1 or 2 is refused (O8008)'
+);
+
+SELECT throws_ok(
+    $$SELECT orch8.effect_receipt_id(
+          2, '00000000-0000-0000-0000-0000000000c1', 0,
+          '00000000-0000-0000-0000-0000000000a1', 'charge', -1)$$,
+    'O8008', NULL,
+    'version 2 refuses a negative attempt as version 1 does (O8008)'
 );
 
 -- effect_scope_id vectors

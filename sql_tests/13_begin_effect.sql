@@ -1,9 +1,11 @@
 -- begin_effect: everything before a side effect, without a commit guard (see
 -- 14_commit_guard.sql for the guarded dispatch).
 -- Expected receipt ids were computed in Python (see 11_effect_ids.sql) for continuity
--- 00000000-0000-8ff6-aee8-afd472664eaf (the scope of instance a1), epoch 0.
+-- 00000000-0000-8ff6-aee8-afd472664eaf (the scope of instance a1), epoch 0, and led by
+-- the instance id's first six bytes (all zero here), as a new scope's effect id version 2
+-- says.
 BEGIN;
-SELECT plan(31);
+SELECT plan(34);
 -- the instances the vectors name (a receipt needs a real instance)
 SELECT
     tap.instances(
@@ -11,7 +13,8 @@ SELECT
         ARRAY[
             '00000000-0000-0000-0000-0000000000a0',
             '00000000-0000-0000-0000-0000000000a1',
-            '00000000-0000-0000-0000-0000000000f1'
+            '00000000-0000-0000-0000-0000000000f1',
+            '0193a4b5-c6d7-7e8f-9a0b-1c2d3e4f5a6b'
         ]::uuid[]
     );
 
@@ -58,18 +61,19 @@ SELECT results_eq(
     $$SELECT outcome, effect_id, state, kind, block_id, attempt, invariant_id,
              competing_effect_id
       FROM o_first$$,
-    $$VALUES ('dispatched', '31711156-44bf-89ff-b65b-12e788efdb1a'::uuid,
+    $$VALUES ('dispatched', '00000000-0000-89ff-b65b-12e788efdb1a'::uuid,
               'dispatched'::orch8.effect_state, 'http', 'pay', 0, NULL::uuid, NULL::uuid)$$,
     'begin_effect of an http_request: outcome dispatched with the deterministic id'
 );
 
 SELECT is(
     (SELECT effect_id FROM o_first),
-    orch8.deterministic_effect_id(
+    orch8.effect_receipt_id(
+        2,
         orch8.effect_scope_id('orch8-effect-scope-v1', '00000000-0000-0000-0000-0000000000a1'),
         0, '00000000-0000-0000-0000-0000000000a1', 'pay', 0
     ),
-    'effect_id = deterministic_effect_id(scope continuity, 0, instance, block, attempt)'
+    'effect_id = effect_receipt_id(2, scope continuity, 0, instance, block, attempt)'
 );
 
 SELECT results_eq(
@@ -77,7 +81,7 @@ SELECT results_eq(
              destination_fingerprint::text, request_sha256::text, idempotency_key::text,
              provider_receipt_id::text, error
       FROM orch8.effect_receipts
-      WHERE tenant_id = 't1' AND id = '31711156-44bf-89ff-b65b-12e788efdb1a'$$,
+      WHERE tenant_id = 't1' AND id = '00000000-0000-89ff-b65b-12e788efdb1a'$$,
     $$VALUES ('dispatched'::orch8.effect_state,
               '00000000-0000-8ff6-aee8-afd472664eaf'::uuid, 0::bigint, 'http', 'http_request',
               '8823cce3fc774a3bf746e10a74d58ca3a4a0348e2b273facbbe4ba6d72e942e5',
@@ -88,7 +92,7 @@ SELECT results_eq(
 
 SELECT results_eq(
     $$SELECT from_state, to_state, actor FROM orch8.effect_receipt_events
-      WHERE tenant_id = 't1' AND receipt_id = '31711156-44bf-89ff-b65b-12e788efdb1a'
+      WHERE tenant_id = 't1' AND receipt_id = '00000000-0000-89ff-b65b-12e788efdb1a'
       ORDER BY event_id$$,
     $$VALUES
         (NULL::orch8.effect_state, 'planned'::orch8.effect_state, 'engine'),
@@ -157,7 +161,7 @@ SELECT * FROM orch8.begin_effect(
 
 SELECT results_eq(
     'SELECT outcome, effect_id, state FROM o_again',
-    $$VALUES ('blocked', '31711156-44bf-89ff-b65b-12e788efdb1a'::uuid,
+    $$VALUES ('blocked', '00000000-0000-89ff-b65b-12e788efdb1a'::uuid,
               'unknown'::orch8.effect_state)$$,
     're-begin of a dispatched (block, attempt): blocked, the receipt is now unknown'
 );
@@ -165,14 +169,14 @@ SELECT results_eq(
 SELECT results_eq(
     $$SELECT id, state, error IS NOT NULL FROM orch8.effect_receipts
       WHERE tenant_id = 't1' AND block_id = 'pay' AND attempt = 0$$,
-    $$VALUES ('31711156-44bf-89ff-b65b-12e788efdb1a'::uuid,
+    $$VALUES ('00000000-0000-89ff-b65b-12e788efdb1a'::uuid,
               'unknown'::orch8.effect_state, true)$$,
     'still one receipt for (pay, 0), now unknown with an error explaining why'
 );
 
 SELECT results_eq(
     $$SELECT from_state, to_state FROM orch8.effect_receipt_events
-      WHERE tenant_id = 't1' AND receipt_id = '31711156-44bf-89ff-b65b-12e788efdb1a'
+      WHERE tenant_id = 't1' AND receipt_id = '00000000-0000-89ff-b65b-12e788efdb1a'
       ORDER BY event_id DESC LIMIT 1$$,
     $$VALUES ('dispatched'::orch8.effect_state, 'unknown'::orch8.effect_state)$$,
     'the move dispatched -> unknown is recorded'
@@ -189,7 +193,7 @@ SELECT * FROM orch8.begin_effect(
 
 SELECT results_eq(
     'SELECT outcome, effect_id, state FROM o_third',
-    $$VALUES ('blocked', '31711156-44bf-89ff-b65b-12e788efdb1a'::uuid,
+    $$VALUES ('blocked', '00000000-0000-89ff-b65b-12e788efdb1a'::uuid,
               'unknown'::orch8.effect_state)$$,
     'beginning again while unknown: blocked, state stays unknown'
 );
@@ -197,7 +201,7 @@ SELECT results_eq(
 SELECT is(
     (
         SELECT count(*)::integer FROM orch8.effect_receipt_events
-        WHERE tenant_id = 't1' AND receipt_id = '31711156-44bf-89ff-b65b-12e788efdb1a'
+        WHERE tenant_id = 't1' AND receipt_id = '00000000-0000-89ff-b65b-12e788efdb1a'
     ),
     4,
     'blocked while unknown writes no event (planned, prepared, dispatched, unknown)'
@@ -216,7 +220,7 @@ SELECT * FROM orch8.begin_effect(
 
 SELECT results_eq(
     'SELECT outcome, effect_id, state, attempt FROM o_next',
-    $$VALUES ('dispatched', '90926f69-cdf6-84ec-9d92-5a6785a27efd'::uuid,
+    $$VALUES ('dispatched', '00000000-0000-84ec-9d92-5a6785a27efd'::uuid,
               'dispatched'::orch8.effect_state, 1)$$,
     'attempt + 1: a new receipt with its own deterministic id, dispatched'
 );
@@ -234,7 +238,7 @@ SELECT orch8.begin_effect(
     't1', '00000000-0000-0000-0000-0000000000a1', 'ship', 'emit_event',
     '{"topic": "orders", "payload": {"id": 7}}', 0
 );
-SELECT orch8.commit_effect('t1', 'af892ea9-0fb6-86c3-98fc-c0fb01ff8add', '{}');
+SELECT orch8.commit_effect('t1', '00000000-0000-86c3-98fc-c0fb01ff8add', '{}');
 
 CREATE TEMP TABLE o_committed AS
 SELECT * FROM orch8.begin_effect(
@@ -244,7 +248,7 @@ SELECT * FROM orch8.begin_effect(
 
 SELECT results_eq(
     'SELECT outcome, effect_id, state, kind FROM o_committed',
-    $$VALUES ('blocked', 'af892ea9-0fb6-86c3-98fc-c0fb01ff8add'::uuid,
+    $$VALUES ('blocked', '00000000-0000-86c3-98fc-c0fb01ff8add'::uuid,
               'committed'::orch8.effect_state, 'message')$$,
     'begin of a (block, attempt) already committed: blocked with state committed'
 );
@@ -252,7 +256,7 @@ SELECT results_eq(
 SELECT results_eq(
     $$SELECT count(*)::integer, min(state::text), (
           SELECT count(*)::integer FROM orch8.effect_receipt_events AS e
-          WHERE e.tenant_id = 't1' AND e.receipt_id = 'af892ea9-0fb6-86c3-98fc-c0fb01ff8add'
+          WHERE e.tenant_id = 't1' AND e.receipt_id = '00000000-0000-86c3-98fc-c0fb01ff8add'
       )
       FROM orch8.effect_receipts
       WHERE tenant_id = 't1' AND block_id = 'ship'$$,
@@ -373,6 +377,45 @@ SELECT throws_ok(
           't1', '00000000-0000-0000-0000-0000000000a1', 'b', 'http_request', '{}', -1)$$,
     'O8008', NULL,
     'begin_effect with a negative attempt: O8008'
+);
+
+-- 7. A scope keeps the derivation it was made with ----------------------------------------
+-- A scope stored before migration 0032 is of version 1: its receipts keep
+-- deterministic_effect_id's ids, so an attempt begun again is sent under the same key.
+
+INSERT INTO orch8.continuity_executions (
+    tenant_id, continuity_id, epoch, owner_runtime_id, current_instance_id
+) VALUES (
+    't1', '0193a4b5-c6d7-8e8f-9a0b-aaaaaaaaaaaa', 0, '0193a4b5-c6d7-8e8f-9a0b-bbbbbbbbbbbb',
+    '0193a4b5-c6d7-7e8f-9a0b-1c2d3e4f5a6b'
+);
+
+SELECT is(
+    (
+        SELECT effect_id_version::integer FROM orch8.continuity_executions
+        WHERE tenant_id = 't1' AND current_instance_id = '0193a4b5-c6d7-7e8f-9a0b-1c2d3e4f5a6b'
+    ),
+    1,
+    'a scope written without a version is of version 1'
+);
+
+SELECT is(
+    (SELECT effect_id FROM orch8.begin_effect(
+        't1', '0193a4b5-c6d7-7e8f-9a0b-1c2d3e4f5a6b', 'charge', 'emit_event',
+        '{"topic": "orders", "payload": {"id": 8}}', 0
+    )),
+    '74375b44-bd31-822e-a2bc-c379d8f60540'::uuid,
+    'in a version-1 scope the receipt id is deterministic_effect_id''s (11_effect_ids.sql)'
+);
+
+SELECT is(
+    (
+        SELECT array_agg(DISTINCT effect_id_version::integer)
+        FROM orch8.continuity_executions
+        WHERE tenant_id = 't1' AND current_instance_id <> '0193a4b5-c6d7-7e8f-9a0b-1c2d3e4f5a6b'
+    ),
+    ARRAY[2],
+    'every scope begin_effect made is of version 2'
 );
 
 SELECT * FROM finish();

@@ -1,9 +1,11 @@
 -- The commit guard: effect_at_most_once invariants with commit_guard make dispatch a
 -- serialised, content-checked decision (orch8.dispatch_effect_receipt_at_most_once).
--- Receipt ids for instance a1 were computed in Python (see 11_effect_ids.sql):
---   (charge, 0)       0471d09c-5326-8c4b-b8b1-cee7091cecd9
---   (charge-again, 0) cdf32c9c-be7e-854f-a1e9-547ccd95ab0b
---   (charge, 1)       a4072d06-269b-8882-ad8b-637cfe7533d1
+-- Receipt ids for instance a1 were computed in Python (see 11_effect_ids.sql); a new
+-- scope is of effect id version 2, whose ids begin with the instance id's first six
+-- bytes, all zero here:
+--   (charge, 0)       00000000-0000-8c4b-b8b1-cee7091cecd9
+--   (charge-again, 0) 00000000-0000-854f-a1e9-547ccd95ab0b
+--   (charge, 1)       00000000-0000-8882-ad8b-637cfe7533d1
 BEGIN;
 SELECT plan(39);
 -- the instances the vectors name (a receipt needs a real instance)
@@ -51,7 +53,7 @@ SELECT * FROM orch8.begin_effect(
 
 SELECT results_eq(
     'SELECT outcome, effect_id, state, invariant_id, competing_effect_id FROM o1',
-    $$VALUES ('dispatched', '0471d09c-5326-8c4b-b8b1-cee7091cecd9'::uuid,
+    $$VALUES ('dispatched', '00000000-0000-8c4b-b8b1-cee7091cecd9'::uuid,
               'dispatched'::orch8.effect_state, NULL::uuid, NULL::uuid)$$,
     'the first guarded begin dispatches'
 );
@@ -59,14 +61,14 @@ SELECT results_eq(
 SELECT results_eq(
     $$SELECT status, invariant_id, effect_id, competing_effect_id, block_id
       FROM orch8.invariant_results WHERE tenant_id = 't1' ORDER BY id$$,
-    $$SELECT 'pass', id, '0471d09c-5326-8c4b-b8b1-cee7091cecd9'::uuid, NULL::uuid, 'charge'
+    $$SELECT 'pass', id, '00000000-0000-8c4b-b8b1-cee7091cecd9'::uuid, NULL::uuid, 'charge'
       FROM inv$$,
     'a pass result is recorded for the first dispatch'
 );
 
 SELECT results_eq(
     $$SELECT from_state, to_state, note FROM orch8.effect_receipt_events
-      WHERE tenant_id = 't1' AND receipt_id = '0471d09c-5326-8c4b-b8b1-cee7091cecd9'
+      WHERE tenant_id = 't1' AND receipt_id = '00000000-0000-8c4b-b8b1-cee7091cecd9'
         AND to_state = 'dispatched'$$,
     $$VALUES ('prepared'::orch8.effect_state, 'dispatched'::orch8.effect_state,
               'guarded dispatch')$$,
@@ -81,8 +83,8 @@ SELECT * FROM orch8.begin_effect(
 
 SELECT results_eq(
     'SELECT outcome, effect_id, state, invariant_id, competing_effect_id FROM o2',
-    $$SELECT 'duplicate', 'cdf32c9c-be7e-854f-a1e9-547ccd95ab0b'::uuid,
-             'prepared'::orch8.effect_state, id, '0471d09c-5326-8c4b-b8b1-cee7091cecd9'::uuid
+    $$SELECT 'duplicate', '00000000-0000-854f-a1e9-547ccd95ab0b'::uuid,
+             'prepared'::orch8.effect_state, id, '00000000-0000-8c4b-b8b1-cee7091cecd9'::uuid
       FROM inv$$,
     'identical content on another block: duplicate, naming the invariant and the holder'
 );
@@ -90,7 +92,7 @@ SELECT results_eq(
 SELECT is(
     (
         SELECT state FROM orch8.effect_receipts
-        WHERE tenant_id = 't1' AND id = 'cdf32c9c-be7e-854f-a1e9-547ccd95ab0b'
+        WHERE tenant_id = 't1' AND id = '00000000-0000-854f-a1e9-547ccd95ab0b'
     ),
     'prepared'::orch8.effect_state,
     'the refused candidate receipt stays prepared'
@@ -99,8 +101,8 @@ SELECT is(
 SELECT results_eq(
     $$SELECT status, effect_id, competing_effect_id, block_id
       FROM orch8.invariant_results WHERE tenant_id = 't1' AND status = 'fail'$$,
-    $$VALUES ('fail', 'cdf32c9c-be7e-854f-a1e9-547ccd95ab0b'::uuid,
-              '0471d09c-5326-8c4b-b8b1-cee7091cecd9'::uuid, 'charge-again')$$,
+    $$VALUES ('fail', '00000000-0000-854f-a1e9-547ccd95ab0b'::uuid,
+              '00000000-0000-8c4b-b8b1-cee7091cecd9'::uuid, 'charge-again')$$,
     'one fail result names the candidate and the competing receipt'
 );
 
@@ -110,10 +112,12 @@ SELECT * FROM orch8.begin_effect(
     '{"url": "https://pay.example/charges", "body": {"amount": 1200}}', 1
 );
 
+-- every receipt here has the transaction's created_at, so (created_at, id) order is id
+-- order: charge-again's prepared receipt comes before this one and is the competitor named
 SELECT results_eq(
     'SELECT outcome, effect_id, state, competing_effect_id FROM o3',
-    $$VALUES ('duplicate', 'a4072d06-269b-8882-ad8b-637cfe7533d1'::uuid,
-              'prepared'::orch8.effect_state, '0471d09c-5326-8c4b-b8b1-cee7091cecd9'::uuid)$$,
+    $$VALUES ('duplicate', '00000000-0000-8882-ad8b-637cfe7533d1'::uuid,
+              'prepared'::orch8.effect_state, '00000000-0000-854f-a1e9-547ccd95ab0b'::uuid)$$,
     'a third identical attempt (charge, attempt 1) is a duplicate too'
 );
 
@@ -128,7 +132,7 @@ SELECT results_eq(
     $$SELECT outcome, effect_id, state FROM orch8.begin_effect(
           't1', '00000000-0000-0000-0000-0000000000a1', 'charge-again', 'http_request',
           '{"url": "https://pay.example/charges", "body": {"amount": 1200}}', 0)$$,
-    $$VALUES ('duplicate', 'cdf32c9c-be7e-854f-a1e9-547ccd95ab0b'::uuid,
+    $$VALUES ('duplicate', '00000000-0000-854f-a1e9-547ccd95ab0b'::uuid,
               'prepared'::orch8.effect_state)$$,
     're-beginning the prepared candidate goes through the guard again: duplicate'
 );

@@ -32,14 +32,18 @@ AS $$
     ) AS x
 $$;
 
--- whether a receipt's id is the one its position gives
+-- whether a receipt's id is the one its position gives: every scope here is new, so of
+-- effect id version 2, the documented id led by the instance id's first six bytes
 CREATE FUNCTION pg_temp.id_fits(p_receipt orch8.effect_receipts)
 RETURNS boolean
 LANGUAGE sql
 AS $$
-    SELECT p_receipt.id = pg_temp.documented_effect_id(
-        p_receipt.continuity_id, p_receipt.epoch, p_receipt.instance_id, p_receipt.block_id,
-        p_receipt.attempt)
+    SELECT p_receipt.id = encode(overlay(
+        uuid_send(pg_temp.documented_effect_id(
+            p_receipt.continuity_id, p_receipt.epoch, p_receipt.instance_id,
+            p_receipt.block_id, p_receipt.attempt))
+        PLACING substring(uuid_send(p_receipt.instance_id) FROM 1 FOR 6) FROM 1 FOR 6),
+        'hex')::uuid
 $$;
 
 -- The sequences ------------------------------------------------------------------------
@@ -322,8 +326,8 @@ SELECT results_eq(
 SELECT is(tap.begin('p1', 'fan#0/ship', 'x.ship'), 'dispatched', 'parallel: ship dispatches');
 SELECT results_eq(
     $$SELECT r.block_id::text, r.attempt::integer, pg_temp.id_fits(r),
-             r.id <> orch8.deterministic_effect_id(
-                 r.continuity_id, r.epoch, r.instance_id, 'ship', 0)
+             r.id <> orch8.effect_receipt_id(
+                 2, r.continuity_id, r.epoch, r.instance_id, 'ship', 0)
       FROM tap.receipt('p1', 'fan#0/ship') AS r$$,
     $$VALUES ('fan#0/ship', 0, true, true)$$,
     'parallel: the receipt names the branch path, and its id is that path''s'

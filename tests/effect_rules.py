@@ -33,6 +33,23 @@ def deterministic_effect_id(
     return uuid_from_digest(h.digest())
 
 
+def effect_receipt_id(
+    version: int,
+    continuity_id: uuid.UUID,
+    epoch: int,
+    instance_id: uuid.UUID,
+    block_id: str,
+    attempt: int,
+) -> uuid.UUID:
+    # version 1 is deterministic_effect_id; version 2 (every scope made since migration
+    # 0032) leads it with the instance id's first six bytes
+    v1 = deterministic_effect_id(continuity_id, epoch, instance_id, block_id, attempt)
+    if version == 1:
+        return v1
+    assert version == 2, version
+    return uuid.UUID(bytes=instance_id.bytes[:6] + v1.bytes[6:])
+
+
 def scope_id(prefix: str, instance_id: uuid.UUID) -> uuid.UUID:
     # the instance id's first six bytes (its time, for a time-ordered id), then the hash's
     digest = hashlib.sha256(prefix.encode() + b"\x00" + instance_id.bytes).digest()

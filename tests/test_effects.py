@@ -52,6 +52,30 @@ def test_effect_id_agrees_with_python(conn, continuity, epoch, instance, block, 
 
 
 @settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    version=st.sampled_from([1, 2]),
+    continuity=uuids,
+    epoch=st.integers(0, 2**63 - 1),
+    instance=uuids,
+    block=block_ids,
+    attempt=st.integers(0, 2**31 - 1),
+)
+def test_receipt_id_of_each_version_agrees_with_python(
+    conn, version, continuity, epoch, instance, block, attempt
+):
+    sql = conn.execute(
+        "SELECT orch8.effect_receipt_id(%s, %s, %s, %s, %s, %s)",
+        (version, continuity, epoch, instance, block, attempt),
+    ).fetchone()[0]
+    assert sql == effect_rules.effect_receipt_id(
+        version, continuity, epoch, instance, block, attempt
+    )
+    assert sql.version == 8 and sql.variant == uuid.RFC_4122
+
+
+@settings(
     max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(instance=uuids)
@@ -161,8 +185,8 @@ def test_pure_handler_writes_nothing(conn):
 def test_begin_commit_and_the_effect_id(conn):
     instance = ledger.instance(conn, TENANT)
     out = ledger.begin_effect(conn, TENANT, instance, "charge", "http_request", PARAMS, 0)
-    expected = effect_rules.deterministic_effect_id(
-        effect_rules.continuity_id_for(instance), 0, instance, "charge", 0
+    expected = effect_rules.effect_receipt_id(
+        2, effect_rules.continuity_id_for(instance), 0, instance, "charge", 0
     )
     assert (out.outcome, out.state, out.kind, out.effect_id) == (
         "dispatched",

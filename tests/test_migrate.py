@@ -11,6 +11,7 @@ import pytest
 
 from orch8_py import migrate
 from orch8_py.errors import MigrationError, SchemaMismatch
+from tests import effect_rules
 from tests.cli_helpers import assert_one_line_error, orch8_env, run_orch8
 
 
@@ -19,6 +20,21 @@ def rows(url: str) -> list[tuple]:
         return c.execute(
             "SELECT kind, name, checksum, applied_at FROM orch8.schema_migrations ORDER BY 1, 2"
         ).fetchall()
+
+
+# Today's function files read continuity_executions.effect_id_version (0032), so a schema
+# "before version N" on which they make receipts needs that column as well.
+NEEDED_BY_TODAYS_FUNCTIONS = ("0032_time_ordered_receipt_ids.sql",)
+
+
+def before_version(version: int, *, leave_out: tuple[str, ...] = ()) -> list[migrate.Migration]:
+    """The migrations of a database before ``version``, with today's function files."""
+    return [
+        m
+        for m in migrate.discover()
+        if m.name not in leave_out
+        and (m.version is None or m.version < version or m.name in NEEDED_BY_TODAYS_FUNCTIONS)
+    ]
 
 
 def dispatched_receipts(c: psycopg.Connection, blocks: tuple[str, ...]) -> list:
@@ -180,12 +196,9 @@ def test_receipt_lookup_migration_indexes_the_provider_ids_already_there(empty_d
     """0024 on a database that already settled receipts: the provider ids no receipt
     index finds get their receipt_provider_ids rows, so find_receipts finds old receipts
     as well as new ones."""
-    every = migrate.discover()
     # triggers.sql holds today's trigger bodies, which write receipt_provider_ids; before
     # 0024 the triggers were the bodies the versioned migrations left, so leave it out.
-    before = [
-        m for m in every if m.name != "triggers.sql" and (m.version is None or m.version < 24)
-    ]
+    before = before_version(24, leave_out=("triggers.sql",))
     with psycopg.connect(empty_db_url, autocommit=True) as c:
         migrate.migrate(c, migrations=before)
         ids = dispatched_receipts(c, ("charged", "plain"))
@@ -207,7 +220,7 @@ def test_receipt_lookup_migration_indexes_the_provider_ids_already_there(empty_d
 def test_domain_migration_keeps_rows_views_and_grants(empty_db_url):
     """0029 on a database with receipts: no row changes, the views come back with their
     grants and comments, and the moved rules still refuse a bad value."""
-    before = [m for m in migrate.discover() if m.version is None or m.version < 29]
+    before = before_version(29)
     views = (
         "SELECT c.relname::text, c.relacl::text, c.reloptions::text,"
         " obj_description(c.oid, 'pg_class'),"
@@ -231,3 +244,45 @@ def test_domain_migration_keeps_rows_views_and_grants(empty_db_url):
         ).fetchall() == [("a", "http", "ch_9")]
         with pytest.raises(psycopg.errors.CheckViolation):
             c.execute("UPDATE orch8.effect_receipts SET handler = '' WHERE id = %s", (effect,))
+
+
+def test_receipt_id_migration_keeps_every_existing_scope_on_its_ids(empty_db_url):
+    """0032 on a database with a scope: the scope is of effect id version 1, so a step of
+    its instance begun again gets the receipt id (and idempotency key) it was first sent
+    under; a scope made afterwards is of version 2, its ids led by the instance's time."""
+    with psycopg.connect(empty_db_url, autocommit=True) as c:
+        migrate.migrate(c, migrations=[m for m in migrate.discover() if (m.version or 0) < 32])
+        seq = c.execute(
+            "SELECT id FROM orch8.create_sequence('t1', 'default', 'pay',"
+            ' \'{"blocks": [{"type": "step", "id": "a", "handler": "noop"}]}\')'
+        ).fetchone()[0]
+        old, new = (
+            c.execute("SELECT id FROM orch8.create_instance('t1', %s, '{}')", (seq,)).fetchone()[0]
+            for _ in range(2)
+        )
+        # the scope as the engine before 0032 made it (its functions are not today's)
+        c.execute(
+            "INSERT INTO orch8.continuity_executions (tenant_id, continuity_id, epoch,"
+            " owner_runtime_id, current_instance_id) VALUES ('t1',"
+            " orch8.effect_scope_id('orch8-effect-scope-v1', %(i)s), 0,"
+            " orch8.effect_scope_id('orch8-effect-runtime-v1', %(i)s), %(i)s)",
+            {"i": old},
+        )
+        applied = [m.name for m in migrate.migrate(c)]
+        assert applied[0] == "0032_time_ordered_receipt_ids.sql"
+        begin = (
+            "SELECT (orch8.begin_effect('t1', %s, 'a', 'http_request',"
+            ' \'{"url": "https://x.example"}\', 0)).effect_id'
+        )
+        key = "SELECT idempotency_key FROM orch8.effect_receipts WHERE id = %s"
+        old_id, new_id = (c.execute(begin, (i,)).fetchone()[0] for i in (old, new))
+        old_key, new_key = (c.execute(key, (r,)).fetchone()[0] for r in (old_id, new_id))
+        continuity = effect_rules.continuity_id_for
+        assert old_id == effect_rules.deterministic_effect_id(continuity(old), 0, old, "a", 0)
+        assert new_id == effect_rules.effect_receipt_id(2, continuity(new), 0, new, "a", 0)
+        assert (old_key, new_key) == (str(old_id), str(new_id))
+        assert new_id.bytes[:6] == new.bytes[:6] != old_id.bytes[:6]
+        assert c.execute(
+            "SELECT current_instance_id, effect_id_version FROM orch8.continuity_executions"
+            " ORDER BY effect_id_version"
+        ).fetchall() == [(old, 1), (new, 2)]

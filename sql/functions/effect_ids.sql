@@ -139,6 +139,48 @@ COMMENT ON FUNCTION orch8.deterministic_effect_id(uuid, bigint, uuid, text, inte
 '||block_id(UTF-8)||attempt(4, big-endian), as a version-8 UUID. A retry of the same '
 'attempt lands on the same receipt; a new attempt gets a new one.';
 
+CREATE OR REPLACE FUNCTION orch8.effect_receipt_id(
+    p_version integer,
+    p_continuity_id uuid,
+    p_epoch bigint,
+    p_instance_id uuid,
+    p_block_id text,
+    p_attempt integer
+)
+RETURNS uuid
+LANGUAGE plpgsql
+IMMUTABLE
+STRICT
+PARALLEL SAFE
+AS $$
+DECLARE
+    v_id uuid := orch8.deterministic_effect_id(p_continuity_id, p_epoch, p_instance_id,
+                                               p_block_id, p_attempt);
+BEGIN
+    CASE p_version
+        WHEN 1 THEN
+            RETURN v_id;
+        WHEN 2 THEN
+            -- the instance id's first six bytes (its time, for a time-ordered id) lead, so
+            -- a new receipt's entries land at one edge of the indexes keyed by receipt id
+            RETURN encode(overlay(uuid_send(v_id)
+                                  PLACING substring(uuid_send(p_instance_id) FROM 1 FOR 6)
+                                  FROM 1 FOR 6), 'hex')::uuid;
+        ELSE
+            RAISE EXCEPTION 'effect id version % does not exist (1 or 2)', p_version
+                USING ERRCODE = 'O8008',
+                      DETAIL = json_build_object('field', 'effect_id_version')::text;
+    END CASE;
+END
+$$;
+
+COMMENT ON FUNCTION orch8.effect_receipt_id(integer, uuid, bigint, uuid, text, integer) IS
+'The receipt id of an effect in a scope whose continuity_executions.effect_id_version is '
+'p_version: 1 is deterministic_effect_id(continuity, epoch, instance, block, attempt); '
+'2 is that id with its first 6 bytes replaced by the instance id''s first 6 (its time, '
+'for a time-ordered id). Any other version: O8008. A scope keeps its version for life, '
+'so every attempt of a step keeps the key it was first sent under.';
+
 CREATE OR REPLACE FUNCTION orch8.time_ordered_uuid()
 RETURNS uuid
 LANGUAGE plpgsql

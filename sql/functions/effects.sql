@@ -83,13 +83,15 @@ BEGIN
     -- Both ids derive from the instance id, so concurrent callers insert the same row;
     -- the loser's insert waits for the winner and then does nothing.
     INSERT INTO orch8.continuity_executions AS c (
-        tenant_id, continuity_id, epoch, owner_runtime_id, current_instance_id
+        tenant_id, continuity_id, epoch, owner_runtime_id, current_instance_id,
+        effect_id_version
     ) VALUES (
         p_tenant_id,
         orch8.effect_scope_id('orch8-effect-scope-v1', p_instance_id),
         0,
         orch8.effect_scope_id('orch8-effect-runtime-v1', p_instance_id),
-        p_instance_id
+        p_instance_id,
+        2
     )
     ON CONFLICT DO NOTHING
     RETURNING * INTO v_scope;
@@ -104,8 +106,9 @@ $$;
 
 COMMENT ON FUNCTION orch8.ensure_effect_scope(text, uuid) IS
 'The ledger scope (continuity execution) of an instance, created on first use with ids '
-'derived from the instance id (epoch 0); concurrent callers converge on one row. An '
-'instance that does not exist: O8007.';
+'derived from the instance id (epoch 0) and effect_id_version 2 (receipt ids that begin '
+'with the instance''s time); concurrent callers converge on one row. An instance that '
+'does not exist: O8007.';
 
 CREATE OR REPLACE FUNCTION orch8.find_unresolved_effect_receipt(
     p_tenant_id text,
@@ -732,16 +735,17 @@ BEGIN
     END IF;
 
     v_kind := orch8.effect_kind(p_handler);
-    v_id := orch8.deterministic_effect_id(v_scope.continuity_id, v_scope.epoch, p_instance_id,
-                                          p_block_id, p_attempt);
+    v_id := orch8.effect_receipt_id(v_scope.effect_id_version, v_scope.continuity_id,
+                                    v_scope.epoch, p_instance_id, p_block_id, p_attempt);
     v_key := coalesce(
         orch8.step_idempotency_key_param(p_params),
         -- same_key: one key for every attempt, the id attempt 0 has (so attempt 0, the
         -- common case, needs no look at the definition)
         CASE WHEN p_attempt > 0 AND orch8.step_ambiguity_mode(
                       orch8.instance_step(p_tenant_id, p_instance_id, p_block_id)) = 'same_key'
-             THEN orch8.deterministic_effect_id(v_scope.continuity_id, v_scope.epoch,
-                                                p_instance_id, p_block_id, 0)::text END,
+             THEN orch8.effect_receipt_id(v_scope.effect_id_version, v_scope.continuity_id,
+                                          v_scope.epoch, p_instance_id, p_block_id, 0)::text
+        END,
         v_id::text);
     v_destination := orch8.destination_fingerprint(p_handler, p_params);
     v_request := orch8.request_sha256(p_handler, p_params);

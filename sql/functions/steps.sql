@@ -318,8 +318,9 @@ DECLARE
 BEGIN
     -- Only the id begin_step derives for this very step: no one records a receipt they
     -- name at will.
-    IF p_effect_id IS DISTINCT FROM orch8.deterministic_effect_id(
-           v_scope.continuity_id, v_scope.epoch, p_instance_id, p_block_id, p_attempt) THEN
+    IF p_effect_id IS DISTINCT FROM orch8.effect_receipt_id(
+           v_scope.effect_id_version, v_scope.continuity_id, v_scope.epoch, p_instance_id,
+           p_block_id, p_attempt) THEN
         PERFORM orch8.refuse_foreign_receipt(p_effect_id, p_instance_id, p_block_id, p_attempt);
     END IF;
     -- The request's content is gone with the write: stand-in hashes, unique to the receipt,
