@@ -947,3 +947,22 @@ def test_without_a_tenant_list_the_admin_still_switches_by_typing(admin, conn, m
     page = admin.get(switch(admin, OTHER, csrf_of(dash.text)).headers["Location"])
     assert "Now acting for tenant other." in page.text and "no sequences" not in page.text
     assert str(theirs) in admin.get("/console/instances").text
+
+
+def test_short_ids_tell_apart_what_was_made_together(app, conn):
+    """Ids made in the same minute share their first digits (an instance id's time, and
+    since migration 0032 a receipt id's); the console's short form shows their ends."""
+    short = app.jinja_env.get_template("console/_macros.html").module.short
+    instance = conn.execute("SELECT orch8.time_ordered_uuid()").fetchone()[0]
+    receipts = [
+        conn.execute(
+            "SELECT orch8.effect_receipt_id(2, %s, 0, %s, 'charge', %s)",
+            (uuid.uuid4(), instance, attempt),
+        ).fetchone()[0]
+        for attempt in (0, 1)
+    ]
+    labels = [str(short(i)) for i in receipts]
+    assert str(receipts[0])[:12] == str(receipts[1])[:12]
+    assert labels[0] != labels[1]
+    for i, label in zip(receipts, labels, strict=True):
+        assert f">…{str(i)[-8:]}</code>" in label
