@@ -22,7 +22,7 @@ bench/results/<UTC time>.json and .md. Without DBOS installed (pip install -e '.
 it says so and runs orch8 alone.
 
     python -m bench.run_bench --one-run --scenario NAME --instances N [--concurrency C]
-                              [--handler-seconds S]
+                              [--handler-seconds S] [--async-handler]
 
 runs one orch8 scenario in this process and prints its figures as one JSON line.
 """
@@ -30,6 +30,7 @@ runs one orch8 scenario in this process and prints its figures as one JSON line.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime as dt
 import importlib.metadata
 import json
@@ -68,6 +69,13 @@ def effect(params, ctx):
     the engine, not a provider."""
     if HANDLER_SECONDS:
         time.sleep(HANDLER_SECONDS)
+    return {"receipt_id": str(ctx.effect_id)}
+
+
+async def effect_async(params, ctx):
+    """bench.effect as an async def (--async-handler): a wait that holds no thread."""
+    if HANDLER_SECONDS:
+        await asyncio.sleep(HANDLER_SECONDS)
     return {"receipt_id": str(ctx.effect_id)}
 
 
@@ -447,6 +455,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --one-run: the guarded handler waits this long, as a slow provider would "
         "(the runner's memory with that many calls in flight)",
     )
+    p.add_argument(
+        "--async-handler",
+        action="store_true",
+        help="with --one-run: bench.effect is an async def handler (awaited on the runner's "
+        "event loop, no thread while it waits)",
+    )
     p.add_argument("--one-run", action="store_true", help=argparse.SUPPRESS)
     # --one-run in a database that exists (bench/history.py): its url and the sequence id
     p.add_argument("--existing", nargs=2, metavar=("URL", "SEQUENCE"), help=argparse.SUPPRESS)
@@ -465,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
         name = scenarios[0]
         global HANDLER_SECONDS
         HANDLER_SECONDS = args.handler_seconds
+        if args.async_handler:
+            handler("bench.effect")(effect_async)
         result = run_scenario(
             url,
             name,

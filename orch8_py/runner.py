@@ -18,10 +18,12 @@ the schedule loop (orch8_py.schedules) firing due cron schedules.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import concurrent.futures as cf
 import datetime as dt
 import functools
+import inspect
 import json
 import logging
 import os
@@ -44,6 +46,7 @@ from .deadlines import Watchdog
 from .errors import BatchedCallFailed, NotFound, StaleLease
 from .expression import ExpressionError, truthy
 from .group_commit import Batcher, Closed
+from .handler_loop import HandlerLoop
 from .instance_state import SqlInstanceState
 from .retry import RetryPolicy
 from .schemas import input_problem, output_problem
@@ -59,7 +62,7 @@ from .sqlapi.steps import (
     Outcome,
     StoredSequence,
 )
-from .steps import Handler, NotApplied, StepContext, StepError
+from .steps import Handler, NotApplied, StepContext, StepError, is_async
 from .templates import TemplateError, params_scope, render_params
 from .verifier import Verifier
 
@@ -228,6 +231,8 @@ class Runner:
         self.handler_threads = s.concurrency * 2
         self.call_permits = threading.BoundedSemaphore(self.handler_threads)
         self.deadlines = Watchdog()
+        # async def handlers are awaited here instead, holding no thread while they wait
+        self.handler_loop = HandlerLoop()
         # Instances claimed and leased, waiting for one of the `concurrency` slots; at
         # most a batch beyond the running ones (see _run). Guarded by `lock`.
         self.backlog: collections.deque[Claimed] = collections.deque()
@@ -388,6 +393,7 @@ class Runner:
             log.error("event=runner.failed error=%r", self.failure)
             stop.set()
             self.deadlines.close()
+            self.handler_loop.close(timeout=1.0)
             self._close_batchers()
             self.pool.close()
 
@@ -575,6 +581,8 @@ class Runner:
                 self.deadlines.watch(
                     time.monotonic() + wanted.seconds, functools.partial(self._resume, inflight)
                 )
+            elif is_async(wanted.fn):
+                self._call_async(inflight, wanted)
             else:
                 self.calling.submit(self._call_then_advance, inflight, wanted)
             return
@@ -598,6 +606,60 @@ class Runner:
         got = self._invoke(inflight, call)
         if got is not None:
             self._advance(inflight, *got)
+
+    def _call_async(self, inflight: InFlight, call: HandlerCall) -> None:
+        """Hand an async def handler to the handler loop (no thread while it waits)."""
+        try:
+            self.handler_loop.submit(self._await_handler(inflight, call))
+        except RuntimeError:  # the runner stopped past its grace period: the lease runs out
+            log.warning(
+                "event=instance.stranded tenant=%s instance=%s",
+                inflight.row.tenant_id,
+                inflight.row.id,
+            )
+
+    async def _await_handler(self, inflight: InFlight, call: HandlerCall) -> None:
+        """An async handler racing its deadline, as `_invoke` races a thread's. The
+        deadline also cancels the coroutine: unlike a thread it can be stopped, though
+        what it sent stays ambiguous (the receipt becomes unknown all the same). The
+        instance carries on from a step thread, never from the loop's."""
+        task = asyncio.current_task()
+        assert task is not None
+        timed_out = Invocation("error", {}, f"timed out after {call.timeout:g}s", "timeout")
+
+        def on_timeout() -> None:
+            self.handler_loop.cancel_soon(task)
+            self._resume(inflight, timed_out)
+
+        race = self.deadlines.watch(call.deadline, on_timeout)
+        got: tuple[Invocation | None, BaseException | None]
+        try:
+            try:
+                output = await call.fn(call.params, call.ctx)
+            except Exception as exc:  # CancelledError is not one: it passes
+                got = failed_call(exc), None
+            else:
+                got = returned(output), None
+        except LeaseLost as exc:
+            got = None, exc
+        except asyncio.CancelledError:
+            if race.finish():  # not the deadline: the loop closed as the runner stopped
+                log.warning(
+                    "event=instance.stranded tenant=%s instance=%s",
+                    inflight.row.tenant_id,
+                    inflight.row.id,
+                )
+            return
+        if race.finish():
+            self._resume(inflight, *got)
+            return
+        log.warning(
+            "event=step.returned_late tenant=%s instance=%s block=%s (after its timeout:"
+            " its result was not recorded)",
+            call.ctx.tenant_id,
+            call.ctx.instance_id,
+            call.ctx.block_id,
+        )
 
     def _run_instance(self, row: Claimed) -> None:
         """Run one claimed instance to its end, on the runner's threads (tests)."""
@@ -626,6 +688,7 @@ class Runner:
             )
         self.stepping.shutdown(wait=False, cancel_futures=True)
         self.calling.shutdown(wait=False, cancel_futures=True)
+        self.handler_loop.close(timeout=1.0)
 
     def _listen(self, stop: threading.Event) -> None:
         backoff = 0.1
@@ -1279,15 +1342,33 @@ class Runner:
         """The handler's return or exception as an Invocation (LeaseLost raised)."""
         try:
             output = fn(params, ctx)
-            return Invocation("ok", output if output is not None else {})
-        except StaleLease as exc:  # e.g. set_state found the lease gone
-            raise LeaseLost(str(exc)) from None
-        except NotApplied as exc:
-            return Invocation("not_applied", exc.evidence, str(exc), exc.code, exc.retryable)
-        except StepError as exc:
-            return Invocation("error", {}, str(exc), exc.code, exc.retryable)
         except Exception as exc:
-            return Invocation("error", {}, f"{type(exc).__name__}: {exc}")
+            return failed_call(exc)
+        if inspect.isawaitable(output):
+            # a callable is_async could not recognise: what it returned never ran
+            if inspect.iscoroutine(output):
+                output.close()
+            message = f"handler {ctx.handler!r} returned an awaitable: declare it async def"
+            return Invocation(
+                "not_applied", {"not_started": True, "reason": message}, message, retryable=False
+            )
+        return returned(output)
+
+
+def returned(output: Any) -> Invocation:
+    return Invocation("ok", output if output is not None else {})
+
+
+def failed_call(exc: Exception) -> Invocation:
+    """What a handler's exception comes to; a StaleLease (e.g. set_state found the lease
+    gone) is raised as LeaseLost."""
+    if isinstance(exc, StaleLease):
+        raise LeaseLost(str(exc)) from None
+    if isinstance(exc, NotApplied):
+        return Invocation("not_applied", exc.evidence, str(exc), exc.code, exc.retryable)
+    if isinstance(exc, StepError):
+        return Invocation("error", {}, str(exc), exc.code, exc.retryable)
+    return Invocation("error", {}, f"{type(exc).__name__}: {exc}")
 
 
 class ChildSequence(NamedTuple):

@@ -18,7 +18,7 @@ from . import handlers, sqlapi
 from .errors import InvalidInput, NotFound
 from .sqlapi.base import NO_OUTPUT, Conn, Row
 from .sqlapi.effects import ReceiptInContext
-from .steps import EffectReceipt
+from .steps import EffectReceipt, call_user
 from .templates import TemplateError, params_as_sent
 
 OUTPUT_STATES = ("committed", "verified")  # the resolutions after which the step completes
@@ -33,7 +33,7 @@ def derive_output(evidence: dict[str, Any], receipt: EffectReceipt, params: dict
     if deriver is None:
         return NO_OUTPUT
     try:
-        output = deriver(evidence, receipt, params)
+        output = call_user(deriver, evidence, receipt, params)
     except ValueError as exc:
         raise InvalidInput(
             f"cannot derive the {receipt.handler} output from the evidence: {exc}",

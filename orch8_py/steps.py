@@ -7,12 +7,15 @@ raises ``StepError`` for a failure the retry policy should see (``retryable`` an
 optional ``code`` matched against the step's ``non_retryable_codes``), and
 ``NotApplied`` when it can prove nothing left the process (the receipt is then
 abandoned with that evidence instead of marked unknown). Any other exception is a
-retryable StepError with the exception's text.
+retryable StepError with the exception's text. A handler may be ``async def``: the runner
+awaits it on its event loop, holding no thread while it waits (orch8_py.handler_loop).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import inspect
 import json
 import time
 import uuid
@@ -96,6 +99,22 @@ class StepContext:
 
 
 Handler = Callable[[dict[str, Any], StepContext], Any]
+
+
+def is_async(fn: Callable[..., Any]) -> bool:
+    """Whether calling ``fn`` makes a coroutine: an ``async def``, a partial of one, or an
+    object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+
+
+def call_user(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on this thread; an ``async def`` is run to its end on a loop of its own.
+    For the paths that hold a thread per call anyway (a verifier, a replay, an output
+    deriver, an external worker's handler), so that async code registered there runs
+    instead of handing back a coroutine nobody awaits."""
+    if is_async(fn):
+        return asyncio.run(fn(*args))
+    return fn(*args)
 
 
 # --- verifiers: settling an unknown receipt -----------------------------------------------

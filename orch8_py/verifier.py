@@ -46,6 +46,7 @@ from .steps import (
     StepContext,
     StepError,
     Verdict,
+    call_user,
     replay_verdict,
 )
 from .templates import VERIFY, TemplateError, params_as_sent, render
@@ -292,7 +293,7 @@ class Verifier:
         fn = handlers.get(receipt.handler)
         if fn is None:  # the claim only hands out replays of handlers this runner has
             return Inconclusive(f"handler {receipt.handler!r} is not registered here")
-        return replay_verdict(lambda: fn(params, ctx), receipt.idempotency_key)
+        return replay_verdict(lambda: call_user(fn, params, ctx), receipt.idempotency_key)
 
     def _handler(
         self,
@@ -304,7 +305,7 @@ class Verifier:
         fn = handlers.verifier_of(receipt.handler)
         if fn is None:  # the claim only hands out handlers whose verifier this runner has
             return Inconclusive(f"no verifier is registered for {receipt.handler!r} here")
-        verdict: Any = fn(params, receipt, ctx)  # somebody's code: check what came back
+        verdict: Any = call_user(fn, params, receipt, ctx)  # somebody's code: check it
         if not isinstance(verdict, Applied | NotApplied | Inconclusive):
             return Inconclusive(
                 f"the verifier of {receipt.handler!r} returned {type(verdict).__name__}, "

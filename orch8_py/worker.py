@@ -49,7 +49,7 @@ from typing import Any
 
 import httpx
 
-from .steps import Applied, Inconclusive, NotApplied, StepError, replay_verdict
+from .steps import Applied, Inconclusive, NotApplied, StepError, call_user, replay_verdict
 
 __all__ = [
     "Applied",
@@ -390,7 +390,7 @@ class Worker:
 
     def _call(self, fn: Handler, task: Task) -> tuple[str, dict[str, Any]]:
         try:
-            output = fn(task)
+            output = call_user(fn, task)
             return "complete", {"output": output if output is not None else {}}
         except LeaseLost:
             task.lost = True
@@ -510,7 +510,7 @@ class Worker:
             elif fn is None:
                 verdict = Inconclusive("no verifier registered")
             else:
-                verdict = fn(verification)
+                verdict = call_user(fn, verification)
         except NotApplied as exc:
             verdict = exc
         except Exception as exc:
@@ -570,7 +570,7 @@ class Worker:
             lease_expires_at=0.0,
             close_by=dt.datetime.now(dt.UTC),
         )
-        return replay_verdict(lambda: fn(task), v.idempotency_key)
+        return replay_verdict(lambda: call_user(fn, task), v.idempotency_key)
 
 
 class _Unavailable(Exception):

@@ -263,6 +263,45 @@ def test_a_worker_serves_the_verifier_of_its_handler(db_url, conn, api, provider
     assert output["receipt_id"] == "ch_same"
 
 
+def test_a_worker_runs_async_def_handlers_and_verifiers(db_url, conn, api, provider, tmp_path):
+    """The library awaits an async def handler and verifier on the task's thread: their
+    answers are the output and the verdict, not a coroutine nobody ran."""
+    api.register("test.async_charge")
+    seq = make_sequence(
+        conn,
+        [
+            {
+                "type": "step",
+                "id": "charge",
+                "handler": "test.async_charge",
+                "params": {"url": provider.url + "/charge", "lookup": provider.url + "/lookup"},
+                "verify": {"handler": True, "schedule": [100, 100]},
+            }
+        ],
+    )
+    provider.reply("/charge", json={"receipt_id": "ch_async"}).reply("/charge", status=504)
+    provider.reply("/lookup", json={"receipt_id": "ch_looked_up"})
+    worker = spawn_worker(api, "w1", tmp_path / "w1.log")
+    try:
+        with running(db_url):
+            answered = start(conn, seq, {})
+            assert wait_for(conn, [answered], timeout=60)[answered][0] == "completed"
+            verified = start(conn, seq, {})
+            assert wait_for(conn, [verified], timeout=60)[verified][0] == "completed"
+    finally:
+        stop(worker)
+    output = conn.execute(
+        "SELECT output FROM orch8.block_outputs WHERE instance_id = %s AND sentinel IS NULL",
+        (answered,),
+    ).fetchone()[0]
+    assert output == {"receipt_id": "ch_async", "async": True}
+    assert [s for _, s, _ in receipts(conn, answered)] == ["committed"]
+    [(_, state, key)] = receipts(conn, verified)
+    assert state == "verified", "settled by the async verifier, not resent"
+    [lookup] = provider.requests_to("/lookup")
+    assert lookup.query == f"key={key}"
+
+
 # --- by hand: fencing, the long-poll, tenants and roles ------------------------------------
 
 

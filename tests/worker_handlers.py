@@ -44,3 +44,29 @@ def charge_verifier(v: Verification) -> Any:
     if resp.status_code == 404:
         return NotApplied("the provider has no such charge", {"status": 404})
     return Inconclusive(f"lookup answered {resp.status_code}")
+
+
+@worker_handler("test.async_charge")
+async def async_charge(task: Task) -> dict[str, Any]:
+    """test.charge as an async def: the worker runs it to its end on its task's thread."""
+    async with httpx.AsyncClient(timeout=120) as client:
+        resp = await client.post(
+            task.params["url"],
+            json={"amount": task.params.get("amount")},
+            headers={"Idempotency-Key": task.idempotency_key},
+        )
+    if resp.status_code >= 400:
+        raise StepError(f"provider answered {resp.status_code}", code=f"http_{resp.status_code}")
+    return {"receipt_id": resp.json().get("receipt_id"), "async": True}
+
+
+@async_charge.verifier
+async def async_charge_verifier(v: Verification) -> Any:
+    async with httpx.AsyncClient(timeout=10) as client:
+        resp = await client.get(v.params["lookup"], params={"key": v.idempotency_key})
+    if resp.status_code == 200:
+        found = resp.json()
+        return Applied(
+            {"lookup": found}, found.get("receipt_id"), {"receipt_id": found["receipt_id"]}
+        )
+    return Inconclusive(f"lookup answered {resp.status_code}")
