@@ -23,14 +23,21 @@ SHARED = int(os.environ.get("ORCH8_CHAOS_INSTANCES", "500"))
 RESTARTS = int(os.environ.get("ORCH8_CHAOS_RESTARTS", "1"))
 
 
-def charge_sequence(conn, url, retries=1):
+# the threaded builtin, and an async def handler awaited on the runner's event loop
+HANDLERS = {
+    "http_request": {},
+    "test.async_post": {"ORCH8_HANDLER_MODULES": "tests.async_http_handlers"},
+}
+
+
+def charge_sequence(conn, url, retries=1, handler="http_request"):
     return make_sequence(
         conn,
         [
             {
                 "type": "step",
                 "id": "charge",
-                "handler": "http_request",
+                "handler": handler,
                 "params": {"method": "POST", "url": url, "json": {"order": "{{ data.order }}"}},
                 "retry": {"max_attempts": retries, "initial_backoff": 10},
             }
@@ -52,15 +59,15 @@ def provider_proc():
     p.stop()
 
 
-def test_sigkill_between_dispatch_and_commit(db_url, conn, provider_proc, tmp_path):
-    seq = charge_sequence(conn, provider_proc.url + "/charge")
+@pytest.mark.parametrize("handler", sorted(HANDLERS))
+def test_sigkill_between_dispatch_and_commit(db_url, conn, provider_proc, tmp_path, handler):
+    seq = charge_sequence(conn, provider_proc.url + "/charge", handler=handler)
     instance = start(conn, seq, {"order": 1})
-    crashing = spawn_runner(
-        db_url, tmp_path / "a.log", ORCH8_FAULT_POINT="before_finish", **FAST_LEASE
-    )
+    env = {**FAST_LEASE, **HANDLERS[handler]}
+    crashing = spawn_runner(db_url, tmp_path / "a.log", ORCH8_FAULT_POINT="before_finish", **env)
     assert crashing.wait(timeout=60) == -signal.SIGKILL, (tmp_path / "a.log").read_text()
     assert len(provider_proc.requests_to("/charge")) == 1  # it was sent, then the runner died
-    survivor = spawn_runner(db_url, tmp_path / "b.log", **FAST_LEASE)
+    survivor = spawn_runner(db_url, tmp_path / "b.log", **env)
     try:
         state, error = wait_for(conn, [instance])[instance]
     finally:
@@ -77,8 +84,9 @@ def test_sigkill_between_dispatch_and_commit(db_url, conn, provider_proc, tmp_pa
     assert queued == 1
 
 
+@pytest.mark.parametrize("handler", sorted(HANDLERS))
 @pytest.mark.parametrize("fault", ["begin_batch", "finish_batch"])
-def test_sigkill_in_a_group_committed_batch(db_url, conn, provider_proc, tmp_path, fault):
+def test_sigkill_in_a_group_committed_batch(db_url, conn, provider_proc, tmp_path, fault, handler):
     """SIGKILL right after a batch of begin_step calls committed (receipts dispatched, no
     handler told) or right before a batch of finish_step calls is sent (every handler of
     it has charged): the batch's instances end blocked on an unknown receipt, nothing is
@@ -86,12 +94,13 @@ def test_sigkill_in_a_group_committed_batch(db_url, conn, provider_proc, tmp_pat
     n = 12
     for _ in range(n):  # the charges answer together, so their finishes share a batch
         provider_proc.reply("/charge", json={"receipt_id": "ok"}, delay=0.3)
-    seq = charge_sequence(conn, provider_proc.url + "/charge")
+    seq = charge_sequence(conn, provider_proc.url + "/charge", handler=handler)
     instances = [start(conn, seq, {"order": i}) for i in range(n)]
-    crashing = spawn_runner(db_url, tmp_path / "a.log", ORCH8_FAULT_POINT=fault, **FAST_LEASE)
+    env = {**FAST_LEASE, **HANDLERS[handler]}
+    crashing = spawn_runner(db_url, tmp_path / "a.log", ORCH8_FAULT_POINT=fault, **env)
     assert crashing.wait(timeout=60) == -signal.SIGKILL, (tmp_path / "a.log").read_text()
     sent_by_crashed = len(provider_proc.requests_to("/charge"))
-    survivor = spawn_runner(db_url, tmp_path / "b.log", **FAST_LEASE)
+    survivor = spawn_runner(db_url, tmp_path / "b.log", **env)
     try:
         done = wait_for(conn, instances)
     finally:
