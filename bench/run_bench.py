@@ -4,7 +4,8 @@ same workloads on DBOS Transact (bench/dbos_workload.py), plus the claim rate.
 
     python -m bench.run_bench [--instances 2000 --instances 10000] [--pairs 3]
                               [--concurrency 128] [--scenario NAME ...]
-                              [--claim-instances 100000] [--claim-runs 3] [--no-dbos]
+                              [--claim-instances 100000] [--claim-runs 3]
+                              [--memory-instances 5000] [--no-dbos]
 
 Uses ORCH8_DATABASE_URL (else ORCH8_TEST_DATABASE_URL) as the server; every run is a
 process of its own (DBOS is one per process, and each engine's peak RSS is then its
@@ -17,7 +18,9 @@ instances/s, p50/p99 claim-to-completion latency, database round trips per step
 refused), peak RSS, and CPU per step of the engine's process and of the local
 PostgreSQL's processes (bench/measure.py). Then 4 connections claim --claim-instances
 due one-step instances with orch8.claim_due_nodes, 256 at a time, --claim-runs times on
-fresh databases (the median is reported, every run's rate kept). Results go to
+fresh databases (the median is reported, every run's rate kept), and --memory-instances
+guarded instances run all in flight at once, their handler returning at once, then
+blocked as a def and as an async def, for the runner's peak RSS. Results go to
 bench/results/<UTC time>.json and .md. Without DBOS installed (pip install -e '.[bench]')
 it says so and runs orch8 alone.
 
@@ -78,6 +81,14 @@ async def effect_async(params, ctx):
         await asyncio.sleep(HANDLER_SECONDS)
     return {"receipt_id": str(ctx.effect_id)}
 
+
+# make bench's memory runs: the handler, and what --one-run is told for it (WAIT: the
+# --memory-handler-seconds); a def handler blocked holds a thread, an async def one none
+MEMORY_RUNS = [
+    ("def, returns at once", []),
+    ("def, blocked WAIT s", ["--handler-seconds", "WAIT"]),
+    ("async def, blocked WAIT s", ["--handler-seconds", "WAIT", "--async-handler"]),
+]
 
 SCENARIOS = {
     "1-step effect": [{"handler": "bench.effect"}],
@@ -456,6 +467,15 @@ def main(argv: list[str] | None = None) -> int:
         "(the runner's memory with that many calls in flight)",
     )
     p.add_argument(
+        "--memory-instances",
+        type=int,
+        default=5000,
+        help="the memory runs: this many guarded instances all in flight at once, their "
+        "handler returning at once, then blocked --memory-handler-seconds as a def and "
+        "as an async def handler (0: no memory runs; default 5000)",
+    )
+    p.add_argument("--memory-handler-seconds", type=float, default=20.0)
+    p.add_argument(
         "--async-handler",
         action="store_true",
         help="with --one-run: bench.effect is an async def handler (awaited on the runner's "
@@ -582,6 +602,22 @@ def main(argv: list[str] | None = None) -> int:
         ranked = sorted(claims, key=lambda c: c["claimed_per_s"])
         claim = {**ranked[(len(ranked) - 1) // 2], "runs": [c["claimed_per_s"] for c in claims]}
 
+    memory = []
+    if args.memory_instances > 0:
+        n, wait = args.memory_instances, args.memory_handler_seconds
+        for label, extra in MEMORY_RUNS:
+            cmd = ["bench.run_bench", "--one-run", "--scenario", "1-step effect"]
+            cmd += ["--instances", str(n), "--concurrency", str(n)]
+            cmd += [a if a != "WAIT" else str(wait) for a in extra]
+            r = one_run(cmd)
+            memory.append({"handler": label.replace("WAIT", f"{wait:g}"), **r})
+            print(
+                f"memory, {n} in flight, {memory[-1]['handler']}: peak RSS "
+                f"{r['peak_rss_mb']:.1f} MB, {r['peak_threads']} threads, "
+                f"{r['steps_per_s']:.0f} steps/s",
+                flush=True,
+            )
+
     if all(r["wal_counted"] == "database" for r in runs):
         wal_note = (
             "the WAL records of the run's own database (pg_walinspect: records touching "
@@ -637,6 +673,20 @@ def main(argv: list[str] | None = None) -> int:
             f"instance). Creating them "
             f"took {claim['create_seconds']:.1f} s ({claim['created_per_s']:.0f}/s).",
         ]
+    if memory:
+        md += [
+            "",
+            f"Memory: {args.memory_instances} guarded instances in flight at once (concurrency "
+            f"{args.memory_instances}), one run each, the runner's peak RSS and threads:",
+            "",
+            "| handler | peak RSS MB | peak threads | steps/s |",
+            "| --- | ---: | ---: | ---: |",
+            *(
+                f"| {m['handler']} | {m['peak_rss_mb']:.1f} | {m['peak_threads']} | "
+                f"{m['steps_per_s']:.0f} |"
+                for m in memory
+            ),
+        ]
     text = "\n".join(md) + "\n"
     print()
     print(text)
@@ -655,10 +705,13 @@ def main(argv: list[str] | None = None) -> int:
             "claim_instances": args.claim_instances,
             "claim_clients": args.claim_clients,
             "claim_runs": args.claim_runs,
+            "memory_instances": args.memory_instances,
+            "memory_handler_seconds": args.memory_handler_seconds,
         },
         "runs": runs,
         "medians": summary,
         "claim": claim,
+        "memory": memory,
     }
     out = Path(args.results)
     out.mkdir(parents=True, exist_ok=True)

@@ -48,6 +48,10 @@ def test_the_bench_measures_orch8_and_the_claim(tmp_path, admin_url):
         "600",
         "--claim-runs",
         "3",
+        "--memory-instances",
+        "40",
+        "--memory-handler-seconds",
+        "1",
         "--no-dbos",
     )
     [run] = result["runs"]
@@ -58,6 +62,16 @@ def test_the_bench_measures_orch8_and_the_claim(tmp_path, admin_url):
     # the median of three runs, each on its own database, every run's rate kept
     runs = result["claim"]["runs"]
     assert len(runs) == 3 and result["claim"]["claimed_per_s"] == sorted(runs)[1]
+    # the memory runs: 40 in flight; blocked, a def handler holds a thread each, async none
+    _, blocked, awaited = result["memory"]
+    assert [m["handler"] for m in result["memory"]] == [
+        "def, returns at once",
+        "def, blocked 1 s",
+        "async def, blocked 1 s",
+    ]
+    assert all(m["steps"] == 40 and m["peak_rss_mb"] > 0 for m in result["memory"])
+    assert blocked["peak_threads"] - awaited["peak_threads"] >= 30, result["memory"]
+    assert "| async def, blocked 1 s |" in out
     assert result["machine"]["cores"] == os.cpu_count()
     assert "Claim rate" in out
 
@@ -74,6 +88,8 @@ def test_the_bench_runs_dbos_beside_orch8(tmp_path, admin_url):
         "--scenario",
         "3-step pure",
         "--claim-instances",
+        "0",
+        "--memory-instances",
         "0",
     )
     engines = [r["engine"] for r in result["runs"]]
