@@ -51,6 +51,8 @@ class HandlerLoop:
         """Cancel what still runs and stop the loop (the runner stopped past its grace
         period: those instances' leases run out, as with a thread left running)."""
         with self._lock:
+            if self._closed:
+                return
             self._closed = True
             loop, thread = self._loop, self._thread
         if loop is None or thread is None:

@@ -10,6 +10,9 @@ import collections
 import threading
 import time
 
+import pytest
+
+from orch8_py.handler_loop import HandlerLoop
 from orch8_py.handlers import NotApplied, StepError, handler
 from orch8_py.steps import call_user, is_async
 from tests.runner_helpers import make_sequence, running, start, wait_for, wait_until
@@ -246,3 +249,25 @@ def test_is_async_and_call_user():
     assert call_user(lambda x: x, 7) == 7
     t0 = time.monotonic()
     assert call_user(coro, 1) == 2 and time.monotonic() - t0 < 1
+
+
+def test_the_handler_loop_cancels_what_runs_when_closed_and_refuses_more():
+    """What a runner stopping past its grace period does to async calls still waiting."""
+    loop = HandlerLoop()
+    cancelled = threading.Event()
+
+    async def waits_forever() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    future = loop.submit(waits_forever())
+    time.sleep(0.05)
+    assert not future.done()
+    loop.close(timeout=5)
+    assert cancelled.is_set() and future.cancelled()
+    with pytest.raises(RuntimeError, match="closed"):
+        loop.submit(waits_forever())
+    loop.close(timeout=5)  # twice is harmless
