@@ -594,11 +594,7 @@ class Runner:
         try:
             self.stepping.submit(self._advance, inflight, answer, error)
         except RuntimeError:  # the runner stopped past its grace period: the lease runs out
-            log.warning(
-                "event=instance.stranded tenant=%s instance=%s",
-                inflight.row.tenant_id,
-                inflight.row.id,
-            )
+            log_stranded(inflight.row)
 
     def _call_then_advance(self, inflight: InFlight, call: HandlerCall) -> None:
         """A handler's thread: the call, then the instance's code up to its next wait,
@@ -612,11 +608,7 @@ class Runner:
         try:
             self.handler_loop.submit(self._await_handler(inflight, call))
         except RuntimeError:  # the runner stopped past its grace period: the lease runs out
-            log.warning(
-                "event=instance.stranded tenant=%s instance=%s",
-                inflight.row.tenant_id,
-                inflight.row.id,
-            )
+            log_stranded(inflight.row)
 
     async def _await_handler(self, inflight: InFlight, call: HandlerCall) -> None:
         """An async handler racing its deadline, as `_invoke` races a thread's. The
@@ -644,22 +636,12 @@ class Runner:
             got = None, exc
         except asyncio.CancelledError:
             if race.finish():  # not the deadline: the loop closed as the runner stopped
-                log.warning(
-                    "event=instance.stranded tenant=%s instance=%s",
-                    inflight.row.tenant_id,
-                    inflight.row.id,
-                )
+                log_stranded(inflight.row)
             return
         if race.finish():
             self._resume(inflight, *got)
             return
-        log.warning(
-            "event=step.returned_late tenant=%s instance=%s block=%s (after its timeout:"
-            " its result was not recorded)",
-            call.ctx.tenant_id,
-            call.ctx.instance_id,
-            call.ctx.block_id,
-        )
+        log_returned_late(call.ctx)
 
     def _run_instance(self, row: Claimed) -> None:
         """Run one claimed instance to its end, on the runner's threads (tests)."""
@@ -1329,13 +1311,7 @@ class Runner:
             self.call_permits.release()
         if race.finish():
             return got
-        log.warning(
-            "event=step.returned_late tenant=%s instance=%s block=%s (after its timeout:"
-            " its result was not recorded)",
-            call.ctx.tenant_id,
-            call.ctx.instance_id,
-            call.ctx.block_id,
-        )
+        log_returned_late(call.ctx)
         return None
 
     def _call_handler(self, fn: Handler, params: dict[str, Any], ctx: StepContext) -> Invocation:
@@ -1353,6 +1329,23 @@ class Runner:
                 "not_applied", {"not_started": True, "reason": message}, message, retryable=False
             )
         return returned(output)
+
+
+def log_stranded(row: Claimed) -> None:
+    """The runner stopped past its grace period with this instance in flight: its lease
+    runs out and another runner takes it on."""
+    log.warning("event=instance.stranded tenant=%s instance=%s", row.tenant_id, row.id)
+
+
+def log_returned_late(ctx: StepContext) -> None:
+    """A handler returned after its deadline had taken the call: the result is dropped."""
+    log.warning(
+        "event=step.returned_late tenant=%s instance=%s block=%s (after its timeout:"
+        " its result was not recorded)",
+        ctx.tenant_id,
+        ctx.instance_id,
+        ctx.block_id,
+    )
 
 
 def returned(output: Any) -> Invocation:

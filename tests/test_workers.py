@@ -267,17 +267,12 @@ def test_a_worker_runs_async_def_handlers_and_verifiers(db_url, conn, api, provi
     """The library awaits an async def handler and verifier on the task's thread: their
     answers are the output and the verdict, not a coroutine nobody ran."""
     api.register("test.async_charge")
-    seq = make_sequence(
+    seq = charge_sequence(
         conn,
-        [
-            {
-                "type": "step",
-                "id": "charge",
-                "handler": "test.async_charge",
-                "params": {"url": provider.url + "/charge", "lookup": provider.url + "/lookup"},
-                "verify": {"handler": True, "schedule": [100, 100]},
-            }
-        ],
+        provider,
+        handler="test.async_charge",
+        params={"url": provider.url + "/charge", "lookup": provider.url + "/lookup"},
+        verify={"handler": True, "schedule": [100, 100]},
     )
     provider.reply("/charge", json={"receipt_id": "ch_async"}).reply("/charge", status=504)
     provider.reply("/lookup", json={"receipt_id": "ch_looked_up"})
@@ -291,7 +286,8 @@ def test_a_worker_runs_async_def_handlers_and_verifiers(db_url, conn, api, provi
     finally:
         stop(worker)
     output = conn.execute(
-        "SELECT output FROM orch8.block_outputs WHERE instance_id = %s AND sentinel IS NULL",
+        "SELECT output FROM orch8.block_outputs WHERE instance_id = %s AND block_id = 'charge'"
+        " AND sentinel IS NULL",
         (answered,),
     ).fetchone()[0]
     assert output == {"receipt_id": "ch_async", "async": True}
