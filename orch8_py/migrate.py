@@ -188,13 +188,15 @@ def migrate(
                 "applied migrations are immutable: restore the file and put the change "
                 "in a new migration"
             )
-        total = len(st.pending)
-        for i, m in enumerate(st.pending, 1):
-            progress(f"[{i}/{total}] applying {m.kind} {m.name}")
-            _apply(conn, m)
-        if st.pending:
+        applied = _apply_pending(conn, st.pending, progress)
+        # A versioned migration may ask for function files to be applied again (0033
+        # drops the functions bound to tables it rebuilds and forgets their files).
+        again = [m for m in status(conn, migrations).pending if m not in applied]
+        applied += _apply_pending(conn, again, progress)
+        if applied:
             _after_apply(conn)
-        return st.pending
+        _ensure_partitions(conn, progress)
+        return applied
     finally:
         conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
 
@@ -207,6 +209,31 @@ def migrate(
 #   function it calls (limit_of, node_kinds, ...) replaced by this run would go unseen by
 #   open sessions until they are made to prepare it again.
 _AFTER_APPLY = ("orch8.secure_functions()", "orch8.refresh_domain_checks()")
+
+
+def _apply_pending(
+    conn: psycopg.Connection, pending: list[Migration], progress: Callable[[str], None]
+) -> list[Migration]:
+    for i, m in enumerate(pending, 1):
+        progress(f"[{i}/{len(pending)}] applying {m.kind} {m.name}")
+        _apply(conn, m)
+    return list(pending)
+
+
+def _ensure_partitions(conn: psycopg.Connection, progress: Callable[[str], None]) -> None:
+    """This month's and the next months' history partitions (migration 0033 on)."""
+    row = conn.execute(
+        "SELECT to_regprocedure('orch8.ensure_history_partitions(integer)') IS NOT NULL"
+        " AND to_regclass('orch8.history_tables') IS NOT NULL"
+    ).fetchone()
+    if not (row and row[0]):
+        return
+    with conn.transaction():
+        made = conn.execute(
+            "SELECT partition_name, rows_moved FROM orch8.ensure_history_partitions()"
+        ).fetchall()
+    for name, moved in made:
+        progress(f"made history partition {name}" + (f" ({moved} rows moved)" if moved else ""))
 
 
 def _after_apply(conn: psycopg.Connection) -> None:

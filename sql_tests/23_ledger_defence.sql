@@ -218,7 +218,7 @@ SELECT is_empty(
     $$SELECT p.oid::regprocedure::text FROM pg_proc AS p
       LEFT JOIN orch8.function_access AS a ON a.name = p.proname
       WHERE p.pronamespace = 'orch8'::regnamespace AND p.prokind = 'f'
-        AND coalesce(a.access, '') <> 'migration'
+        AND coalesce(a.access, '') NOT IN ('migration', 'maintenance')
         AND pg_get_userbyid(p.proowner) NOT IN ('orch8_ledger', 'orch8_runner')$$,
     'every function is owned by orch8_ledger (or orch8_runner for all-tenant reads)'
 );

@@ -20,17 +20,6 @@ SELECT is(
     (
         SELECT p.proconfig FROM pg_proc AS p
         WHERE
-            p.oid
-            = 'orch8.find_unresolved_effect_receipt(text, uuid, uuid, text, integer)'::regprocedure
-    ),
-    ARRAY['plan_cache_mode=force_custom_plan'],
-    'find_unresolved_effect_receipt plans for the table it meets'
-);
-
-SELECT is(
-    (
-        SELECT p.proconfig FROM pg_proc AS p
-        WHERE
             p.oid = 'orch8.swap_effect_receipt(text, uuid, orch8.effect_state, orch8.effect_state, '
             'jsonb)'::regprocedure
     ),
@@ -71,6 +60,7 @@ SELECT is(
     'begin_step does not read back the receipt it has just written'
 );
 
+
 SELECT
     orch8.finish_step(
         'lp', step.instance_id, step.token, 'charge', 0, step.effect_id, 'ok',
@@ -96,6 +86,23 @@ SELECT is(
     (SELECT r.state::text FROM orch8.effect_receipts AS r INNER JOIN step ON r.id = step.effect_id),
     'committed',
     'and the receipt is committed'
+);
+
+-- find_unresolved_effect_receipt no longer searches the receipts by position (every month
+-- of them): it derives the position's ids (any epoch up to the scope's) and looks them up
+-- in open_receipts; 13_begin_effect finds a dispatched one that way
+SELECT is(
+    (
+        SELECT
+            (orch8.find_unresolved_effect_receipt(
+                'lp', c.continuity_id, step.instance_id, 'charge', 0, c.effect_id_version, 2
+            )).id
+        FROM step
+        INNER JOIN orch8.continuity_executions AS c
+            ON c.tenant_id = 'lp' AND step.instance_id = c.current_instance_id
+    ),
+    NULL,
+    'a settled receipt is not found: only dispatched and unknown ones are in open_receipts'
 );
 
 SELECT * FROM finish();

@@ -115,36 +115,40 @@ CREATE OR REPLACE FUNCTION orch8.find_unresolved_effect_receipt(
     p_continuity_id uuid,
     p_instance_id uuid,
     p_block_id text,
-    p_attempt integer
+    p_attempt integer,
+    p_id_version integer,
+    p_epoch bigint
 )
 RETURNS orch8.effect_receipts
 LANGUAGE plpgsql
 STABLE
--- planned at each call, never from a plan cached while the table was nearly empty: that
--- plan walks the tenant's whole receipts index (docs/ARCHITECTURE.md, "Lookups planned
--- for the table they meet")
-SET plan_cache_mode = force_custom_plan
 AS $$
 DECLARE
-    v_row orch8.effect_receipts;
+    v_id uuid;
 BEGIN
-    SELECT r.* INTO v_row
-    FROM orch8.effect_receipts AS r
-    WHERE r.tenant_id = p_tenant_id
-      AND r.continuity_id = p_continuity_id
-      AND r.instance_id = p_instance_id
-      AND r.block_id = p_block_id
-      AND r.attempt = p_attempt
-      AND r.state IN ('dispatched', 'unknown')
-    ORDER BY r.created_at DESC, r.id DESC
-    LIMIT 1;
-    RETURN v_row;
+    -- A receipt of this position has the id effect_receipt_id derives for one epoch of
+    -- the scope, and one that is dispatched or unknown has its row in open_receipts. So
+    -- the search is a key lookup in that small table per epoch (one: epochs start at 0),
+    -- not a search by position through every month of the partitioned receipts.
+    FOR v_epoch IN REVERSE p_epoch .. 0 LOOP
+        v_id := orch8.effect_receipt_id(p_id_version, p_continuity_id, v_epoch, p_instance_id,
+                                        p_block_id, p_attempt);
+        IF EXISTS (SELECT 1 FROM orch8.open_receipts AS o
+                   WHERE o.tenant_id = p_tenant_id AND o.receipt_id = v_id) THEN
+            RETURN orch8.load_effect_receipt(p_tenant_id, v_id);
+        END IF;
+    END LOOP;
+    RETURN NULL;
 END
 $$;
 
-COMMENT ON FUNCTION orch8.find_unresolved_effect_receipt(text, uuid, uuid, text, integer) IS
-'The latest receipt of (continuity, instance, block, attempt) in dispatched or unknown, '
-'or NULL: the trace of a run that may have sent and never settled.';
+COMMENT ON FUNCTION orch8.find_unresolved_effect_receipt(
+    text, uuid, uuid, text, integer, integer, bigint
+) IS
+'The receipt of (continuity, instance, block, attempt) in dispatched or unknown, the '
+'latest epoch''s first, or NULL: the trace of a run that may have sent and never '
+'settled. p_id_version and p_epoch are the scope''s: the candidates are the ids '
+'effect_receipt_id derives for each epoch up to p_epoch, looked up in open_receipts.';
 
 CREATE OR REPLACE FUNCTION orch8.ensure_effect_receipt(
     p_tenant_id text,
@@ -400,9 +404,9 @@ DECLARE
     v_id uuid := CASE WHEN p_key ~* '^[0-9a-f]{8}-?([0-9a-f]{4}-?){3}[0-9a-f]{12}$'
                       THEN p_key::uuid END;
 BEGIN
+    -- the live receipts and the archived months (orch8.archive_history_month) alike
     RETURN QUERY
-    SELECT r.* FROM orch8.effect_receipts AS r
-    WHERE r.tenant_id = p_tenant_id AND r.id IN (
+    WITH keyed AS (
         SELECT k.id FROM orch8.effect_receipts AS k
         WHERE k.tenant_id = p_tenant_id AND k.id = v_id
         UNION
@@ -411,9 +415,22 @@ BEGIN
         WHERE k.tenant_id = p_tenant_id AND k.idempotency_key = p_key
           AND k.idempotency_key <> k.id::text
         UNION
+        SELECT a.id FROM orch8_archive.effect_receipts AS a
+        WHERE a.tenant_id = p_tenant_id AND a.id = v_id
+        UNION
+        SELECT a.id FROM orch8_archive.effect_receipts AS a
+        WHERE a.tenant_id = p_tenant_id AND a.idempotency_key = p_key
+          AND a.idempotency_key <> a.id::text
+        UNION
         SELECT p.receipt_id FROM orch8.receipt_provider_ids AS p
-        WHERE p.tenant_id = p_tenant_id AND p.provider_receipt_id = p_key)
-    ORDER BY r.created_at, r.id;
+        WHERE p.tenant_id = p_tenant_id AND p.provider_receipt_id = p_key
+    )
+    SELECT r.* FROM orch8.effect_receipts AS r
+    WHERE r.tenant_id = p_tenant_id AND r.id IN (SELECT keyed.id FROM keyed)
+    UNION ALL
+    SELECT a.* FROM orch8_archive.effect_receipts AS a
+    WHERE a.tenant_id = p_tenant_id AND a.id IN (SELECT keyed.id FROM keyed)
+    ORDER BY created_at, id;
 END
 $$;
 
@@ -422,7 +439,8 @@ COMMENT ON FUNCTION orch8.find_receipts(text, text) IS
 'id it is, those sent with it as idempotency key, and those the provider answered with '
 'it as receipt id; each path an index lookup (effect_receipts_pkey, '
 'effect_receipts_idempotency_key_idx, receipt_provider_ids), however many receipts the '
-'tenant has. Empty when nothing matches.';
+'tenant has. Archived months (orch8_archive.effect_receipts) are searched the same way. '
+'Empty when nothing matches.';
 
 CREATE OR REPLACE FUNCTION orch8.effect_commit_guards(
     p_tenant_id text, p_instance_id uuid, p_kind text
@@ -719,7 +737,8 @@ BEGIN
     v_scope := orch8.ensure_effect_scope(p_tenant_id, p_instance_id);
 
     v_found := orch8.find_unresolved_effect_receipt(
-        p_tenant_id, v_scope.continuity_id, p_instance_id, p_block_id, p_attempt);
+        p_tenant_id, v_scope.continuity_id, p_instance_id, p_block_id, p_attempt,
+        v_scope.effect_id_version, v_scope.epoch);
     IF v_found.id IS NOT NULL THEN
         IF v_found.state = 'dispatched' THEN
             -- A previous run of this very attempt may have sent it: say so, send nothing.
