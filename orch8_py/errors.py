@@ -88,6 +88,13 @@ class Forbidden(Orch8Error):
     sqlstate = "O8009"
 
 
+class HistoryInUse(Orch8Error):
+    """A month of history still holds an instance that has not ended or a receipt that
+    is not settled, so it cannot be archived."""
+
+    sqlstate = "O8010"
+
+
 class InvalidSequence(InvalidInput):
     """A sequence definition with problems: ``problems`` lists each {path, message}."""
 
@@ -110,6 +117,7 @@ BY_SQLSTATE: dict[str, type[Orch8Error]] = {
         NotFound,
         InvalidInput,
         Forbidden,
+        HistoryInUse,
     )
     if cls.sqlstate
 }

@@ -87,6 +87,9 @@ RECHECK_WINDOW = 30.0
 RECENT_EFFECTS_KEPT = 10_000
 DEFAULT_STEP_TIMEOUT = 300.0
 CONNECTION_ERRORS = db.CONNECTION_LOST
+# How often a runner makes sure the coming months of history have their partitions
+# (orch8.ensure_history_partitions, a no-op when they exist; docs/STORAGE.md).
+HISTORY_EVERY = 3600.0
 # How long a token must be missing from the heartbeats before it counts as lost (the
 # heartbeat interval when that is longer): a finished step's answer in transit is not.
 LOST_AFTER = 1.0
@@ -223,6 +226,7 @@ class Runner:
         self.definitions: dict[tuple[str, uuid.UUID], StoredSequence] = {}
         self.definition_lock = threading.Lock()
         self.builtins: dict[str, bool] | None = None  # builtin name -> has side effects
+        self.history_due = 0.0  # time.monotonic() of the next ensure_history_partitions
         # A handler runs on a thread of its own, racing its timeout (deadlines.py).
         # Handler calls running at once, those that overran their timeout included, are
         # at most twice the slots: a handler that overran keeps its thread (Python cannot
@@ -355,6 +359,29 @@ class Runner:
             self.builtins = self._call(sqlapi.steps.builtin_handlers)
         return self.builtins
 
+    def _ensure_history(self) -> None:
+        """At start and hourly: this month's and the next months' history partitions. A
+        refusal (a role without the grant) is logged, not fatal: rows then wait in the
+        default partition, and the next call that can moves them into their month."""
+        now = time.monotonic()
+        if now < self.history_due:
+            return
+        self.history_due = now + HISTORY_EVERY
+        try:
+            made = self._call(sqlapi.history.ensure_partitions)
+        except CONNECTION_ERRORS:
+            self.history_due = 0.0  # the claim that follows waits for the database
+            raise
+        except psycopg.Error as exc:
+            log.warning("event=history.ensure_failed error=%r", str(exc).strip()[:200])
+            return
+        for p in made:
+            log.info(
+                "event=history.partition_made partition=%s rows_moved=%d",
+                p.partition_name,
+                p.rows_moved,
+            )
+
     def has_side_effects(self, handler: str) -> bool:
         """orch8.handler_has_side_effects: a side-effecting builtin, or any other name."""
         return self._builtins().get(handler, True)
@@ -486,6 +513,7 @@ class Runner:
             if free > 0:
                 try:
                     self._builtins()
+                    self._ensure_history()
                     claimed = self.claim(free)
                     metrics.claimed(len(claimed))
                     backoff = 0.1

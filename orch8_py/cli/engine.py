@@ -24,6 +24,7 @@ from ..startup import (
     say,
     service_database,
 )
+from . import history
 from .common import import_flag, import_handler_modules
 
 if TYPE_CHECKING:
@@ -245,3 +246,4 @@ def add_parsers(
     dbsub = dbp.add_subparsers(dest="db_command", required=True, metavar="COMMAND")
     dbsub.add_parser("migrate", help="apply pending migrations").set_defaults(func=cmd_db_migrate)
     dbsub.add_parser("status", help="show the schema version").set_defaults(func=cmd_db_status)
+    history.add_parsers(dbsub)

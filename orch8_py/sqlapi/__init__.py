@@ -8,10 +8,10 @@ one typed function per SQL function or shared read, with named arguments.
 Functions take a connection the caller owns (its pool, transaction, role and tenant) and
 raise the exceptions of orch8_py.errors for the engine's SQLSTATEs. Modules follow the
 SQL files: steps (the runner), effects, flow_control (rate limits), instances, sequences,
-webhooks, schedules, bulk, workers (external workers), keys, tenancy (the web role),
-observe (metrics), server (databases, sessions), benchmarks (what bench/ measures
-around a run), catalog (the rules orch8_py/rules.py is generated from), psql (the
-statements shown to people).
+webhooks, schedules, bulk, workers (external workers), history (the history tables'
+months), keys, tenancy (the web role), observe (metrics), server (databases, sessions),
+benchmarks (what bench/ measures around a run), catalog (the rules orch8_py/rules.py is
+generated from), psql (the statements shown to people).
 tests/test_one_door.py keeps SQL text out of every other module (the migrator and the
 tests aside).
 """
@@ -24,6 +24,7 @@ from . import (
     catalog,
     effects,
     flow_control,
+    history,
     instances,
     keys,
     observe,
@@ -46,6 +47,7 @@ __all__ = [
     "catalog",
     "effects",
     "flow_control",
+    "history",
     "instances",
     "keys",
     "observe",

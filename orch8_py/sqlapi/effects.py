@@ -122,12 +122,22 @@ def resolve_effect(
 
 
 def effect_receipt(conn: Conn, *, tenant_id: str, effect_id: uuid.UUID) -> Row | None:
-    """One receipt with its age and its instance's state, or None."""
+    """One receipt with its age and its instance's state, or None; a receipt of an
+    archived month (orch8.archive_history_month) is read from the archive."""
+    params = {"tenant": tenant_id, "id": effect_id}
     return first(
         conn,
         f"SELECT {RECEIPT}, age, instance_state::text AS instance_state"
         " FROM orch8.effect_receipt_overview WHERE tenant_id = %(tenant)s AND id = %(id)s",
-        {"tenant": tenant_id, "id": effect_id},
+        params,
+    ) or first(
+        conn,
+        f"SELECT {RECEIPT}, age, instance_state::text AS instance_state FROM ("
+        " SELECT r.*, orch8.now() - r.created_at AS age, t.state AS instance_state"
+        " FROM orch8_archive.effect_receipts AS r LEFT JOIN orch8.task_instances AS t"
+        "   ON t.tenant_id = r.tenant_id AND t.id = r.instance_id"
+        " WHERE r.tenant_id = %(tenant)s AND r.id = %(id)s) AS archived",
+        params,
     )
 
 
@@ -234,19 +244,23 @@ def other_receipts_of_step(conn: Conn, *, tenant_id: str, receipt: Row) -> list[
 def receipt_events(
     conn: Conn, *, tenant_id: str, receipt_ids: list[uuid.UUID]
 ) -> dict[uuid.UUID, list[Row]]:
-    """The history of each receipt (effect_receipt_events), oldest first."""
+    """The history of each receipt (effect_receipt_events, or the archive's for a receipt
+    of an archived month), oldest first."""
     events: dict[uuid.UUID, list[Row]] = {rid: [] for rid in receipt_ids}
-    if not receipt_ids:
-        return events
-    for row in all_rows(
-        conn,
-        "SELECT receipt_id, event_id, from_state::text AS from_state,"
-        " to_state::text AS to_state, actor, note, evidence, at, db_user, api_key_id"
-        " FROM orch8.effect_receipt_events"
-        " WHERE tenant_id = %(tenant)s AND receipt_id = ANY(%(ids)s) ORDER BY event_id",
-        {"tenant": tenant_id, "ids": receipt_ids},
-    ):
-        events.setdefault(row.pop("receipt_id"), []).append(row)
+    for table in ("orch8.effect_receipt_events", "orch8_archive.effect_receipt_events"):
+        # every receipt has events: one without any in the live table is archived
+        missing = [rid for rid, found in events.items() if not found]
+        if not missing:
+            break
+        for row in all_rows(
+            conn,
+            "SELECT receipt_id, event_id, from_state::text AS from_state,"
+            " to_state::text AS to_state, actor, note, evidence, at, db_user, api_key_id"
+            f" FROM {table}"
+            " WHERE tenant_id = %(tenant)s AND receipt_id = ANY(%(ids)s) ORDER BY event_id",
+            {"tenant": tenant_id, "ids": missing},
+        ):
+            events.setdefault(row.pop("receipt_id"), []).append(row)
     return events
 
 
