@@ -1,12 +1,14 @@
 """Benchmark: is a guarded step as fast beside a large history as on an empty database?
 
     python -m bench.history [--history 1000000] [--scenario "1-step effect"]
-                            [--instances 2000] [--pairs 3] [--keep]
+                            [--instances 2000] [--pairs 3] [--span-days 365] [--keep]
 
 Builds a database holding --history finished instances of the scenario: a sample of them
 run by the real runner, then copied with new ids (every row each one left: instance,
 nodes, transitions, outputs, continuity, receipts and their events) and timestamps spread
-over the past, then VACUUM ANALYZE and a checkpoint. Then it runs the scenario --pairs
+evenly over the --span-days before (ids time-ordered as the dates are, so each row lands
+in the history tables' partition of its month, as a real history's would), then VACUUM
+ANALYZE and a checkpoint. Then it runs the scenario --pairs
 times on a fresh empty database and on the history database, interleaved, each run a
 process of its own (bench/run_bench.py --one-run), and prints each side's medians and
 their ratio. Results go to bench/results/history-<UTC time>.json and .md. The history
@@ -37,8 +39,11 @@ CHUNK = 200_000  # history instances copied per transaction
 KEYS = ("steps_per_s", "p50_ms", "p99_ms", "wal_bytes_per_step", "commits_per_step")
 
 
-def build_history(admin_url: str, steps: list[dict], n: int, sample: int) -> tuple[str, str, str]:
-    """A database with ``n`` finished instances of ``steps``: (name, url, sequence id)."""
+def build_history(
+    admin_url: str, steps: list[dict], n: int, sample: int, span_days: float
+) -> tuple[str, str, str]:
+    """A database with ``n`` finished instances of ``steps`` dated over the ``span_days``
+    before now: (name, url, sequence id)."""
     dbname, url, seq = run_bench.create_bench_database(admin_url, "orch8_hist", steps)
     t0 = time.perf_counter()
     with psycopg.connect(url, autocommit=True) as conn:
@@ -64,10 +69,16 @@ def build_history(admin_url: str, steps: list[dict], n: int, sample: int) -> tup
         got = sqlapi.benchmarks.history_sample(conn, tenant_id=run_bench.TENANT)
         copies = max(0, n // got - 1)
         per_chunk = max(1, CHUNK // got)
+        spacing = span_days * 86400 / max(1, copies)
+        now = sqlapi.benchmarks.server_now(conn)
+        assert isinstance(now, dt.datetime)
+        oldest = now - dt.timedelta(days=span_days, hours=1)
+        months = sqlapi.benchmarks.make_history_months(conn, oldest=oldest)
+        print(f"history: {months} partitions made for the past months", flush=True)
         k = 1
         while k <= copies:
             last = min(copies, k + per_chunk - 1)
-            sqlapi.benchmarks.fill_history(conn, first=k, last=last)
+            sqlapi.benchmarks.fill_history(conn, first=k, last=last, spacing=spacing)
             made = (last + 1) * got
             rate = (last * got) / (time.perf_counter() - t0)
             print(f"\rhistory: {made:,}/{n:,} instances ({rate:,.0f}/s)", end="", flush=True)
@@ -86,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenario", default="1-step effect", choices=sorted(run_bench.SCENARIOS))
     p.add_argument("--instances", type=int, default=2000, help="instances per measured run")
     p.add_argument("--pairs", type=int, default=3)
+    p.add_argument(
+        "--span-days", type=float, default=365, help="days the history's dates spread over"
+    )
     p.add_argument("--concurrency", type=int, default=config.DEFAULT_CONCURRENCY)
     p.add_argument("--keep", action="store_true", help="keep the history database")
     p.add_argument("--reuse", metavar="NAME", help="a history database kept by --keep")
@@ -103,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         with psycopg.connect(hist_url, autocommit=True) as conn:
             seq = sqlapi.benchmarks.bench_sequence(conn, tenant_id=run_bench.TENANT)
     else:
-        dbname, hist_url, seq = build_history(url, steps, args.history, args.sample)
+        dbname, hist_url, seq = build_history(url, steps, args.history, args.sample, args.span_days)
     with psycopg.connect(hist_url, autocommit=True) as conn:
         held = sqlapi.benchmarks.history_size(conn)
     print(

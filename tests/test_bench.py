@@ -154,8 +154,26 @@ def test_the_history_bench_copies_whole_instances(tmp_path, admin_url):
                     "   AND o.instance_id = r.instance_id)"
                     "  OR (SELECT count(*) FROM orch8.effect_receipt_events AS e"
                     "   WHERE e.tenant_id = r.tenant_id AND e.receipt_id = r.id) <> 4"
+                    # each row in the partition of the month it is dated in, as real
+                    # history's (time-ordered ids), none in a default partition
+                    " UNION ALL SELECT 'months', count(DISTINCT tableoid) FROM"
+                    "  orch8.effect_receipts"
+                    " UNION ALL SELECT 'misfiled', count(*) FROM orch8.effect_receipts"
+                    "  WHERE right(tableoid::regclass::text, 6)"
+                    "   <> to_char(created_at AT TIME ZONE 'UTC', 'YYYYMM')"
+                    " UNION ALL SELECT 'misfiled transitions', count(*)"
+                    "  FROM orch8.instance_transitions AS t"
+                    "  JOIN orch8.task_instances AS i ON i.id = t.instance_id"
+                    "  WHERE right(t.tableoid::regclass::text, 6)"
+                    "   <> to_char(i.created_at AT TIME ZONE 'UTC', 'YYYYMM')"
                 ).fetchall()
             )
+            defaults = conn.execute(
+                "SELECT (SELECT count(*) FROM orch8.effect_receipts_default)"
+                " + (SELECT count(*) FROM orch8.effect_receipt_events_default)"
+                " + (SELECT count(*) FROM orch8.block_outputs_default)"
+                " + (SELECT count(*) FROM orch8.instance_transitions_default)"
+            ).fetchone()[0]
     finally:
         pgserver.drop(admin_url, name)
     # the history's 3,000 and the measured run's 100, all finished, one receipt each
@@ -163,6 +181,10 @@ def test_the_history_bench_copies_whole_instances(tmp_path, admin_url):
     assert counts["receipts"] == counts["scopes"] == 3100
     assert counts["events"] == 4 * 3100
     assert counts["dangling"] == 0
+    # spread over the default --span-days 365: twelve or thirteen months
+    assert counts["months"] >= 12
+    assert counts["misfiled"] == counts["misfiled transitions"] == 0
+    assert defaults == 0
 
 
 def test_the_profile_counts_each_function_per_step(admin_url):

@@ -187,7 +187,10 @@ def dbos_run_latencies(conn: Conn, *, schema: str = "dbos") -> list[float]:
 # History for the "flat as history grows" measurement (bench/history.py): what a finished
 # instance leaves behind, copied. Each table's column that names an instance, a continuity
 # or a receipt takes the copy's new id; every timestamp moves back by the copy's offset,
-# so the history spreads over the past as a real one would.
+# so the history spreads over the past as a real one would. An instance's and a receipt's
+# new id keeps the time-ordered shape of the original (its first 48 bits, Unix
+# milliseconds, move back by the same offset), so a copy's rows land in the history
+# tables' partition of the month they are dated in, as real ones would.
 HISTORY_TABLES = {
     "task_instances": {"id": "i.new_id"},
     "execution_nodes": {"instance_id": "i.new_id"},
@@ -257,29 +260,57 @@ def history_sample(conn: Conn, *, tenant_id: str) -> int:
     return n
 
 
-def fill_history(conn: Conn, *, first: int, last: int) -> None:
-    """Copies first..last (inclusive) of the sample history_sample took, in one
-    transaction, written straight into the tables: a bench database only (it needs a
-    superuser and turns off the ledger's triggers for the session, foreign keys included,
-    which is what lets history be made at the speed of COPY rather than of a workflow)."""
+# a time-ordered id moved back by k offsets: its first 48 bits (Unix milliseconds) less
+# k * spacing, the rest random
+_SHIFTED_ID = (
+    "encode(overlay(uuid_send(gen_random_uuid()) PLACING substring(int8send("
+    "('x' || lpad(left(replace(s.{key}::text, '-', ''), 12), 16, '0'))::bit(64)::bigint"
+    " - (k * %(spacing)s * 1000)::bigint) FROM 3 FOR 6) FROM 1 FOR 6), 'hex')::uuid"
+)
+
+
+def make_history_months(conn: Conn, *, oldest: object) -> int:
+    """The history tables' partitions (orch8.attach_history_month) for every month from
+    the one holding ``oldest`` to the month before the current one, where missing (the
+    current month and those ahead are ensure_history_partitions'); how many were made."""
+    made: int = value(
+        conn,
+        "SELECT count(orch8.attach_history_month(h.table_name, h.key_column, m::date))"
+        " FROM orch8.history_tables AS h,"
+        " generate_series(date_trunc('month', %(oldest)s::timestamptz AT TIME ZONE 'UTC'),"
+        "  date_trunc('month', orch8.now() AT TIME ZONE 'UTC') - interval '1 month',"
+        "  interval '1 month') AS m"
+        " WHERE to_regclass('orch8.' || orch8.history_partition_name(h.table_name, m::date))"
+        " IS NULL",
+        {"oldest": oldest},
+    )
+    return made
+
+
+def fill_history(conn: Conn, *, first: int, last: int, spacing: float) -> None:
+    """Copies first..last (inclusive) of the sample history_sample took, copy k dated
+    k * ``spacing`` seconds before the original, in one transaction, written straight into
+    the tables: a bench database only (it needs a superuser and turns off the ledger's
+    triggers for the session, foreign keys included, which is what lets history be made at
+    the speed of COPY rather than of a workflow)."""
     with conn.transaction():
         conn.execute("SET LOCAL session_replication_role = replica")
-        for name, source, key in (
-            ("hist_i", "task_instances", "id"),
-            ("hist_c", "continuity_executions", "continuity_id"),
-            ("hist_r", "effect_receipts", "id"),
+        for name, source, key, new_id in (
+            ("hist_i", "task_instances", "id", _SHIFTED_ID.format(key="id")),
+            ("hist_c", "continuity_executions", "continuity_id", "gen_random_uuid()"),
+            ("hist_r", "effect_receipts", "id", _SHIFTED_ID.format(key="id")),
         ):
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
             conn.execute(
                 sql.SQL(
-                    "CREATE TEMP TABLE {} AS SELECT s.{} AS old_id, k, gen_random_uuid() AS new_id"
+                    "CREATE TEMP TABLE {} AS SELECT s.{} AS old_id, k, " + new_id + " AS new_id"
                     " FROM {} AS s CROSS JOIN generate_series(%(first)s::int, %(last)s::int) AS k"
                 ).format(
                     sql.Identifier(name),
                     sql.Identifier(key),
                     sql.Identifier(f"hist_src_{source}"),
                 ),
-                {"first": first, "last": last},
+                {"first": first, "last": last, "spacing": spacing},
             )
             conn.execute(sql.SQL("CREATE INDEX ON {} (old_id, k)").format(sql.Identifier(name)))
             conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(name)))
@@ -299,7 +330,7 @@ def fill_history(conn: Conn, *, first: int, last: int) -> None:
                     exprs.append(sql.SQL(replaced[c["attname"]]))
                 elif c["type"] == "timestamp with time zone":
                     exprs.append(
-                        sql.SQL("t.{} - make_interval(mins => 5 * " + k + ")").format(
+                        sql.SQL("t.{} - make_interval(secs => %(spacing)s * " + k + ")").format(
                             sql.Identifier(c["attname"])
                         )
                     )
@@ -312,7 +343,8 @@ def fill_history(conn: Conn, *, first: int, last: int) -> None:
                     sql.SQL(", ").join(sql.Identifier(c["attname"]) for c in cols),
                     sql.SQL(", ").join(exprs),
                     sql.Identifier(f"hist_src_{table}"),
-                )
+                ),
+                {"spacing": spacing},
             )
 
 
