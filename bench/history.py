@@ -8,8 +8,8 @@ run by the real runner, then copied with new ids (every row each one left: insta
 nodes, transitions, outputs, continuity, receipts and their events) and timestamps spread
 evenly over the --span-days before (ids time-ordered as the dates are, so each row lands
 in the history tables' partition of its month, as a real history's would), then VACUUM
-ANALYZE and a checkpoint. Then it runs the scenario --pairs
-times on a fresh empty database and on the history database, interleaved, each run a
+ANALYZE and a checkpoint. Then it runs the scenario --pairs times on a fresh empty
+database and on the history database, interleaved, each run a
 process of its own (bench/run_bench.py --one-run), and prints each side's medians and
 their ratio. Results go to bench/results/history-<UTC time>.json and .md. The history
 database is dropped at the end unless --keep (then its name is printed, and --reuse NAME
@@ -70,10 +70,7 @@ def build_history(
         copies = max(0, n // got - 1)
         per_chunk = max(1, CHUNK // got)
         spacing = span_days * 86400 / max(1, copies)
-        now = sqlapi.benchmarks.server_now(conn)
-        assert isinstance(now, dt.datetime)
-        oldest = now - dt.timedelta(days=span_days, hours=1)
-        months = sqlapi.benchmarks.make_history_months(conn, oldest=oldest)
+        months = sqlapi.benchmarks.make_history_months(conn, span_days=span_days)
         print(f"history: {months} partitions made for the past months", flush=True)
         k = 1
         while k <= copies:

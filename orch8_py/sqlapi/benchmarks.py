@@ -269,20 +269,22 @@ _SHIFTED_ID = (
 )
 
 
-def make_history_months(conn: Conn, *, oldest: object) -> int:
-    """The history tables' partitions (orch8.attach_history_month) for every month from
-    the one holding ``oldest`` to the month before the current one, where missing (the
-    current month and those ahead are ensure_history_partitions'); how many were made."""
+def make_history_months(conn: Conn, *, span_days: float) -> int:
+    """The history tables' partitions (orch8.attach_history_month) for every month of the
+    ``span_days`` (and an hour) before now up to the month before the current one, where
+    missing (the current month and those ahead are ensure_history_partitions'); how many
+    were made."""
     made: int = value(
         conn,
         "SELECT count(orch8.attach_history_month(h.table_name, h.key_column, m::date))"
         " FROM orch8.history_tables AS h,"
-        " generate_series(date_trunc('month', %(oldest)s::timestamptz AT TIME ZONE 'UTC'),"
+        " generate_series(date_trunc('month', (orch8.now() - interval '1 hour'"
+        "   - make_interval(secs => %(span)s * 86400)) AT TIME ZONE 'UTC'),"
         "  date_trunc('month', orch8.now() AT TIME ZONE 'UTC') - interval '1 month',"
         "  interval '1 month') AS m"
         " WHERE to_regclass('orch8.' || orch8.history_partition_name(h.table_name, m::date))"
         " IS NULL",
-        {"oldest": oldest},
+        {"span": span_days},
     )
     return made
 
